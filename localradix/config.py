@@ -1,0 +1,104 @@
+"""All of localradix's settings in one frozen dataclass: the feature inventory.
+
+The CLI flags are generated from the fields below, so a flag and its default live in exactly one
+place. This module imports nothing heavy (no torch), so `localradix --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _opt(help: str, **kw: Any) -> Any:
+    """A dataclass field carrying its CLI help text (and optional argparse `choices`)."""
+    default = kw.pop("default")
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # Model
+    model: str | None = _opt(
+        "GGUF file or Hugging Face folder; omitted = the bundled SmolLM2-135M-Instruct",
+        default=None,
+    )
+    served_model_name: str | None = _opt("model id reported by the API", default=None)
+    context_length: int | None = _opt("override the model's context length", default=None)
+    # Hardware
+    backend: str = _opt("runner backend: auto, cpu, cuda, rocm, mlx, npu", default="auto")
+    device: str | None = _opt("torch device string (default: the backend's own)", default=None)
+    dtype: str = _opt("weight and activation dtype", default="auto", choices=DTYPES)
+    # Memory
+    max_total_tokens: int | None = _opt(
+        "KV pool size in tokens (default: from free memory x --mem-fraction)", default=None
+    )
+    mem_fraction: float = _opt("fraction of free memory given to the KV pool", default=0.25)
+    page_size: int = _opt("tokens per KV page", default=1)
+    # Scheduling and caching
+    schedule_policy: str = _opt(
+        "waiting-queue order", default="lpm", choices=SCHEDULE_POLICIES
+    )
+    eviction_policy: str = _opt(
+        "radix-cache eviction policy", default="lru", choices=EVICTION_POLICIES
+    )
+    disable_radix_cache: bool = _opt("never reuse a cached prefix", default=False)
+    chunked_prefill_size: int = _opt(
+        "longest prefill chunk in tokens (0 = never chunk)", default=2048
+    )
+    max_prefill_tokens: int = _opt("token budget of one prefill batch", default=8192)
+    max_running_requests: int = _opt("most requests decoding at once", default=64)
+    max_queued_requests: int = _opt("waiting requests before new ones get 429", default=1024)
+    new_token_ratio: float = _opt(
+        "share of max_tokens reserved for running requests at admission", default=0.7
+    )
+    decode_log_interval: int = _opt("log a decode line every N steps", default=40)
+    # Server
+    host: str = _opt("address to bind", default="127.0.0.1")
+    port: int = _opt("port to bind", default=8000)
+    api_key: str | None = _opt("require 'Authorization: Bearer KEY'", default=None)
+    cors_origins: tuple[str, ...] = _opt("allowed CORS origins (off unless given)", default=())
+    max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
+    log_level: str = _opt(
+        "logging level", default="info", choices=("debug", "info", "warning", "error")
+    )
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+
+def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """Add one `--flag` per ServerArgs field (except those in `skip`)."""
+    for f in dataclasses.fields(ServerArgs):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        kwargs: dict[str, Any] = {"help": meta.pop("help"), "default": f.default}
+        if f.type == "bool":
+            kwargs["action"] = "store_true"
+        elif f.type.startswith("tuple"):
+            kwargs["nargs"] = "*"
+        else:
+            kwargs["type"] = _parse_type(f.type)
+            kwargs.update(meta)
+        parser.add_argument(flag, dest=f.name, **kwargs)
+
+
+def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    values = {k: v for k, v in vars(ns).items() if k in names}
+    if "cors_origins" in values:
+        values["cors_origins"] = tuple(values["cors_origins"] or ())
+    return ServerArgs(**values)
+
+
+def _parse_type(annotation: str) -> type:
+    base = annotation.replace(" | None", "")
+    return {"int": int, "float": float, "str": str}[base]

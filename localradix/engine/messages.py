@@ -1,0 +1,73 @@
+"""Plain messages between the API process and the engine process (pickled over ZMQ).
+
+The in-process `Engine` uses the same messages, so both paths share one protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localradix.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    params: SamplingParams
+    extra_key: str | None = None  # radix-cache namespace (tenant / LoRA salt)
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    rid: str
+
+
+@dataclass(frozen=True)
+class FlushCache:
+    """Drop every unlocked cached prefix; refused while requests run."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) alternatives, best first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """New tokens of one request since its last output; the last one has `finished` set."""
+
+    rid: str
+    new_token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    matched_stop: int | str | None = None  # the stop token id or stop string that ended it
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine for /metrics, the stats feed and the TUI."""
+
+    running: int = 0
+    queued: int = 0
+    kv_total: int = 0
+    kv_used: int = 0  # held by running requests (protected)
+    kv_cached: int = 0  # cached and evictable
+    kv_free: int = 0
+    cache_hit_tokens: int = 0
+    cache_miss_tokens: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    retractions: int = 0
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    requests: tuple[dict, ...] = field(default=())  # per running request: id, state, counts
+    top_prefixes: tuple[dict, ...] = field(default=())  # largest cached prefixes
+    recent_misses: tuple[dict, ...] = field(default=())  # where recent prompts diverged

@@ -1,0 +1,78 @@
+"""ForwardBatch: the plan the scheduler hands a model runner for one step.
+
+Plain numpy arrays only, so any backend (torch, MLX, FlashInfer) can consume it. The layout is
+FlashInfer's ragged/paged one: request i owns new tokens `qo_indptr[i]:qo_indptr[i+1]` of the
+flat token arrays and KV slots `kv_indices[kv_indptr[i]:kv_indptr[i+1]]` (prefix + new tokens,
+in sequence order). Decode requests are simply extends of length 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: np.ndarray  # int64 [num_tokens]: new tokens of every request, concatenated
+    positions: np.ndarray  # int64 [num_tokens]: position of each new token in its sequence
+    out_slots: np.ndarray  # int64 [num_tokens]: KV slot each new token's K/V is written to
+    qo_indptr: np.ndarray  # int64 [num_reqs + 1]: offsets of each request's new tokens
+    kv_indptr: np.ndarray  # int64 [num_reqs + 1]: offsets into kv_indices
+    kv_indices: np.ndarray  # int64 [sum(seq_lens)]: each request's slots, prefix then new
+    seq_lens: np.ndarray  # int64 [num_reqs]: total length after this step
+    extend_lens: np.ndarray  # int64 [num_reqs]: new tokens this step (1 for decode)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def prefix_lens(self) -> np.ndarray:
+        return self.seq_lens - self.extend_lens
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(np.all(self.extend_lens == 1))
+
+    @property
+    def last_token_index(self) -> np.ndarray:
+        """Index (into the flat token arrays) of each request's last new token: logits rows."""
+        return self.qo_indptr[1:] - 1
+
+    @staticmethod
+    def build(
+        input_ids: list[np.ndarray],
+        slot_tables: list[np.ndarray],
+        prefix_lens: list[int],
+    ) -> ForwardBatch:
+        """Assemble from per-request new tokens, full slot tables (prefix + new), prefix lengths."""
+        extend = np.array([len(t) for t in input_ids], dtype=np.int64)
+        seq = np.array([len(s) for s in slot_tables], dtype=np.int64)
+        prefix = np.asarray(prefix_lens, dtype=np.int64)
+        assert np.all(prefix + extend == seq), "slot table must cover prefix + new tokens"
+        positions = np.concatenate(
+            [np.arange(p, s, dtype=np.int64) for p, s in zip(prefix, seq)]
+        )
+        out_slots = np.concatenate([s[p:] for s, p in zip(slot_tables, prefix)]).astype(np.int64)
+        return ForwardBatch(
+            input_ids=np.concatenate(input_ids).astype(np.int64),
+            positions=positions,
+            out_slots=out_slots,
+            qo_indptr=_indptr(extend),
+            kv_indptr=_indptr(seq),
+            kv_indices=np.concatenate(slot_tables).astype(np.int64),
+            seq_lens=seq,
+            extend_lens=extend,
+        )
+
+
+def _indptr(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
