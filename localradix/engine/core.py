@@ -1,0 +1,90 @@
+"""EngineCore: model + runner + KV pool + radix cache + scheduler, driven one step at a time.
+
+Used by the engine process of the server and by the in-process `Engine`; not thread-safe (one
+owner thread calls every method).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from localradix.config import ServerArgs
+from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput
+from localradix.sched.scheduler import Scheduler
+
+logger = logging.getLogger("localradix.engine")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # the id the API serves it as
+    path: str
+    context_length: int
+    vocab_size: int
+    backend: str
+    device: str
+    dtype: str
+    kv_total_tokens: int
+    architecture: str = ""
+
+
+class EngineCore:
+    def __init__(self, args: ServerArgs) -> None:
+        from localradix.loader import load_model, load_tokenizer, resolve_model
+        from localradix.runner.torch_runner import TorchRunner
+        from localradix.runner.dtype import resolve_device, resolve_dtype
+
+        started = time.monotonic()
+        source = resolve_model(args.model)
+        self.tokenizer = load_tokenizer(source)
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        model, config = load_model(source, dtype=dtype, device=device)
+        self.runner = TorchRunner(model, config, args, device, dtype)
+        context_len = args.context_length or config.max_position_embeddings
+        eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
+        self.scheduler = Scheduler(
+            self.runner,
+            args,
+            context_len=context_len,
+            eos_token_ids=eos,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            vocab_size=config.vocab_size,
+        )
+        self.info = ModelInfo(
+            name=args.served_model_name or source.name,
+            path=str(source.path),
+            context_length=context_len,
+            vocab_size=config.vocab_size,
+            backend="cpu" if str(device) == "cpu" else str(device).split(":")[0],
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            kv_total_tokens=self.runner.kv_capacity,
+            architecture=config.architecture,
+        )
+        logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
+
+    def add_request(self, req: GenerateRequest) -> None:
+        self.scheduler.add_request(req)
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.abort(rid)
+
+    def step(self) -> list[RequestOutput]:
+        return self.scheduler.step()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats()
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests run."""
+        if not self.scheduler.idle:
+            return False
+        self.scheduler.cache.reset()
+        self.scheduler.check_invariants(idle=True)
+        return True

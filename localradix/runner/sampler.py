@@ -1,0 +1,94 @@
+"""Batched sampling on the runner's device: penalties, temperature, top-k/top-p/min-p, logprobs.
+
+Randomness comes in as one uniform draw per request (`SamplingBatch.uniform`) and tokens are
+picked by inverse CDF, so a seeded request gives the same tokens alone or in any batch, on any
+backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from localradix.runner.base import SampleOutput, SamplingBatch
+
+
+def sample(logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+    """logits: float32 [B, V] (one row per request) -> chosen tokens (+ logprobs if asked)."""
+    if sb.any_penalty:
+        logits = apply_penalties(logits, sb)
+    if sb.all_greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = _sample_random(logits, sb)
+    return _with_logprobs(logits, tokens, sb)
+
+
+def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    logits = logits.clone()
+    vocab = logits.shape[1]
+    for i, hist in enumerate(sb.history):
+        if hist is None:
+            continue
+        ids, n_prompt = hist
+        rep = float(sb.repetition_penalty[i])
+        if rep != 1.0:  # Hugging Face semantics: every token seen, prompt included
+            seen = torch.from_numpy(np.unique(ids)).to(logits.device)
+            row = logits[i, seen]
+            logits[i, seen] = torch.where(row > 0, row / rep, row * rep)
+        counts = np.bincount(ids[n_prompt:], minlength=vocab)[:vocab]
+        if counts.any():  # OpenAI semantics: generated tokens only
+            c = torch.from_numpy(counts).to(logits.device, logits.dtype)
+            logits[i] -= float(sb.frequency_penalty[i]) * c
+            logits[i] -= float(sb.presence_penalty[i]) * (c > 0).to(logits.dtype)
+    return logits
+
+
+def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    device = logits.device
+    temperature = torch.from_numpy(sb.temperature).to(device)
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    probs = torch.softmax(scaled, dim=-1)
+    if _needs_filter(sb):
+        probs, order = probs.sort(dim=-1, descending=True)
+        probs = probs.masked_fill(_filter_mask(probs, sb), 0.0)
+    else:
+        order = None
+    cdf = probs.cumsum(dim=-1)
+    u = torch.from_numpy(sb.uniform).to(device, cdf.dtype)
+    pos = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+    pos = pos.clamp_(max=probs.shape[1] - 1)
+    picked = pos if order is None else order.gather(1, pos)
+    return torch.where(greedy, logits.argmax(dim=-1), picked[:, 0])
+
+
+def _needs_filter(sb: SamplingBatch) -> bool:
+    return bool((sb.top_p < 1).any() or (sb.min_p > 0).any() or (sb.top_k > 0).any())
+
+
+def _filter_mask(sorted_probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """True where a (descending-sorted) token is cut by top-k, top-p or min-p."""
+    device, vocab = sorted_probs.device, sorted_probs.shape[1]
+    top_k = torch.from_numpy(np.where(sb.top_k > 0, sb.top_k, vocab)).to(device)
+    top_p = torch.from_numpy(sb.top_p).to(device)
+    min_p = torch.from_numpy(sb.min_p).to(device)
+    rank = torch.arange(vocab, device=device)[None, :]
+    mask = rank >= top_k[:, None]
+    mask |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p[:, None]
+    mask |= sorted_probs < (min_p * sorted_probs[:, 0])[:, None]
+    mask[:, 0] = False  # the most likely token always survives
+    return mask
+
+
+def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+    k = sb.max_logprobs
+    token_ids = tokens.to("cpu", torch.int64).numpy()
+    if k < 0:
+        return SampleOutput(token_ids)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0].cpu().numpy()
+    if k == 0:
+        return SampleOutput(token_ids, chosen)
+    top_lp, top_ids = logprobs.topk(k, dim=-1)
+    return SampleOutput(token_ids, chosen, top_ids.cpu().numpy(), top_lp.cpu().numpy())

@@ -1,0 +1,508 @@
+"""The engine loop: admit waiting requests against the radix cache, batch, run, sample, cache.
+
+One `step()` runs at most one batch: a prefill (extend) batch when one can be admitted — prefill
+has priority — otherwise a decode batch of every running request. Numpy only; the model runner
+behind `ModelRunner` does the array work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from localradix.config import ServerArgs
+from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.mem.kv_pool import KVPool, ReqToTokenPool
+from localradix.mem.radix_cache import RadixCache, check_invariants
+from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.sched.batch import ForwardBatch
+from localradix.sched.policy import PrefillBudget, order_waiting
+from localradix.sched.request import Req, ReqState
+from localradix.sched.throughput import ThroughputMeter
+
+logger = logging.getLogger("localradix.scheduler")
+
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from init to min
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        args: ServerArgs,
+        *,
+        context_len: int,
+        eos_token_ids: Sequence[int],
+        decode: Callable[[list[int]], str],
+        vocab_size: int,
+    ) -> None:
+        self.runner = runner
+        self.args = args
+        self.context_len = context_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.decode = decode
+        self.vocab_size = vocab_size
+        self.pool = KVPool(runner.kv_capacity, page_size=args.page_size)
+        self.req_pool = ReqToTokenPool(args.max_running_requests + 2, context_len + 1)
+        self.cache = RadixCache(
+            self.pool,
+            page_size=args.page_size,
+            eviction_policy=args.eviction_policy,
+            disable=args.disable_radix_cache,
+        )
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.reqs: dict[str, Req] = {}
+        self._rejected: list[RequestOutput] = []
+        self._touched: dict[str, Req] = {}
+        self.new_token_ratio = args.new_token_ratio
+        self.retractions = 0
+        self.prompt_tokens_total = 0
+        self.generated_tokens_total = 0
+        self.prefill_meter = ThroughputMeter()
+        self.decode_meter = ThroughputMeter()
+        self._decode_steps = 0
+        self._rng = np.random.default_rng()
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, msg: GenerateRequest) -> None:
+        req = Req(
+            rid=msg.rid,
+            prompt_ids=np.asarray(msg.input_ids, dtype=np.int64),
+            params=msg.params,
+            extra_key=msg.extra_key,
+        )
+        error = self._reject_reason(req)
+        if error is not None:
+            self._rejected.append(RequestOutput(msg.rid, (), True, "error", error=error))
+            return
+        room = self.context_len - len(req.prompt_ids)
+        if req.params.max_new_tokens > room:
+            req.params = req.params.replace(max_new_tokens=room)
+        self.reqs[req.rid] = req
+        self.prompt_tokens_total += len(req.prompt_ids)
+        if req.params.max_new_tokens == 0:
+            req.finish("length")
+            self._touched[req.rid] = req
+            return
+        self.waiting.append(req)
+
+    def _reject_reason(self, req: Req) -> str | None:
+        n = len(req.prompt_ids)
+        if req.rid in self.reqs:
+            return f"request id {req.rid!r} is already in use"
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.context_len:
+            return (
+                f"the prompt has {n} tokens but the model's context length is "
+                f"{self.context_len}; shorten the prompt"
+            )
+        if n + 1 > self.pool.total:
+            return (
+                f"the prompt has {n} tokens but the KV cache holds only {self.pool.total}; "
+                "raise --max-total-tokens or shorten the prompt"
+            )
+        if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
+            return f"token ids must be in [0, {self.vocab_size})"
+        return None
+
+    def abort(self, rid: str) -> None:
+        req = self.reqs.get(rid)
+        if req is None or req.finished:
+            return
+        req.finish("abort")
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        if req is self.chunked:
+            self.chunked = None
+        self._release(req)
+        self._touched[rid] = req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked or self._touched or self._rejected)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch (if any) and return every request's new tokens since the last step."""
+        was_busy = not self.idle
+        batch = self._schedule_prefill() or self._schedule_decode()
+        if batch:
+            self._run(batch)
+        if was_busy and self.idle:
+            self.check_invariants(idle=True)
+        return self._collect_outputs()
+
+    def check_invariants(self, idle: bool = False) -> None:
+        owned = [self.req_pool.table[r.row, r.cached_len : r.kv_len] for r in self._holders()]
+        check_invariants(self.pool, self.cache, idle=idle, owned=owned)
+
+    def _holders(self) -> list[Req]:
+        held = [r for r in self.running]
+        if self.chunked is not None:
+            held.append(self.chunked)
+        return held
+
+    # ---- admission -----------------------------------------------------------------------
+
+    def _match(self, req: Req) -> None:
+        req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+
+    def _schedule_prefill(self) -> list[Req]:
+        if self.chunked is None and (
+            not self.waiting or len(self.running) >= self.args.max_running_requests
+        ):
+            return []
+        ratio = self.new_token_ratio
+        reserved = sum(r.remaining_new_tokens * ratio for r in self.running)
+        budget = PrefillBudget(
+            available=self.pool.available + self.cache.evictable_size,
+            reserved=reserved,
+            max_prefill_tokens=self.args.max_prefill_tokens,
+            chunk_size=self.args.chunked_prefill_size,
+            new_token_ratio=ratio,
+        )
+        if self.chunked is not None and not self._admit_chunk_continuation(budget):
+            return []
+        ordered = order_waiting(self.waiting, self.args.schedule_policy, self._match)
+        for req in ordered:
+            if len(self.running) + len(budget.admitted) >= self.args.max_running_requests:
+                break
+            verdict = self._try_admit(req, budget)
+            if verdict == "stop":
+                break
+        admitted = set(map(id, budget.admitted))
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        if budget.admitted:
+            self._log_prefill(budget.admitted)
+        return budget.admitted
+
+    def _admit_chunk_continuation(self, budget: PrefillBudget) -> bool:
+        req = self.chunked
+        assert req is not None
+        key = req.all_ids
+        todo = len(key) - req.kv_len
+        extend = budget.extend_size(req, todo) or min(todo, max(budget.chunk_size, 1))
+        slots = self.pool.alloc(extend)
+        if slots is None:
+            return False
+        self._place(req, slots, extend)
+        self.chunked = req if extend < todo else None
+        budget.take(req, extend, key, finishes_prompt=extend == todo)
+        return True
+
+    def _try_admit(self, req: Req, budget: PrefillBudget) -> str:
+        """Admit `req` into the batch if it fits: 'ok', 'skip' (try the next one) or 'stop'."""
+        self._match(req)  # fresh: an earlier admission this step may have evicted nodes
+        key = req.all_ids
+        match = req.prefix_match
+        cached = min(match.matched_len, len(key) - 1)  # always compute >= 1 token for logits
+        if budget.shares_new_prefix(key, cached):
+            return "skip"
+        todo = len(key) - cached
+        extend = budget.extend_size(req, todo)
+        if extend == 0:
+            return "stop"
+        if extend < todo and self.chunked is not None:
+            return "skip"  # one chunked prefill in flight at a time
+        row = self.req_pool.alloc()
+        if row is None:
+            return "stop"
+        evictable_before = self.cache.evictable_size
+        self.cache.lock(match.last_node)
+        slots = self.pool.alloc(extend)
+        if slots is None:
+            self.cache.unlock(match.last_node)
+            self.req_pool.free(row)
+            return "stop"
+        budget.room -= evictable_before - self.cache.evictable_size
+        req.row, req.last_node, req.cached_len, req.kv_len = row, match.last_node, cached, cached
+        self.req_pool.table[row, :cached] = match.indices[:cached]
+        self._place(req, slots, extend)
+        if req.cached_tokens < 0:
+            req.cached_tokens = cached
+            self.cache.record_hit(cached, len(req.prompt_ids) - cached)
+        if extend < todo:
+            self.chunked = req
+        budget.take(req, extend, key, finishes_prompt=extend == todo)
+        return "ok"
+
+    def _place(self, req: Req, slots: np.ndarray, extend: int) -> None:
+        assert req.row is not None
+        self.req_pool.table[req.row, req.kv_len : req.kv_len + extend] = slots
+        req.extend_len = extend
+        req.state = ReqState.PREFILL
+
+    # ---- decode and retraction -----------------------------------------------------------
+
+    def _schedule_decode(self) -> list[Req]:
+        if not self.running:
+            return []
+        while self.pool.available + self.cache.evictable_size < len(self.running):
+            self._retract_one()
+        if not self.running:
+            return []
+        slots = self.pool.alloc(len(self.running))
+        assert slots is not None, "decode room was checked just above"
+        for req, slot in zip(self.running, slots):
+            assert req.row is not None
+            self.req_pool.table[req.row, req.kv_len] = slot
+            req.extend_len = 1
+        step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
+        return list(self.running)
+
+    def _retract_one(self) -> None:
+        """Send the request with the fewest generated tokens back to the queue, prefix cached."""
+        if len(self.running) == 1:  # nothing left to retract: stop it where the pool ends
+            req = self.running.pop()
+            logger.warning("KV cache full (%d tokens): %s stops early", self.pool.total, req.rid)
+            req.finish("length")
+            self._release(req)
+            self._touched[req.rid] = req
+            return
+        victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)))
+        self.running.remove(victim)
+        self._release(victim)
+        victim.state = ReqState.WAITING
+        victim.prefix_match = None
+        victim.retractions += 1
+        self.waiting.insert(0, victim)
+        self.retractions += 1
+        self.new_token_ratio = self.args.new_token_ratio
+        logger.info("Retracted %s (KV full); #running: %d", victim.rid, len(self.running))
+
+    # ---- running a batch -----------------------------------------------------------------
+
+    def _run(self, batch: list[Req]) -> None:
+        fb = self._forward_batch(batch)
+        sb = SamplingBatch.build(
+            [r.params for r in batch], self._uniforms(batch), [self._history(r) for r in batch]
+        )
+        started = time.monotonic()
+        out = self.runner.forward(fb, sb)
+        elapsed = time.monotonic() - started
+        is_prefill = batch[0].state == ReqState.PREFILL
+        meter = self.prefill_meter if is_prefill else self.decode_meter
+        meter.add(fb.num_tokens, elapsed)
+        for i, req in enumerate(batch):
+            self._advance(req, out, i)
+        if not is_prefill:
+            self._decode_steps += 1
+            if self._decode_steps % max(self.args.decode_log_interval, 1) == 0:
+                self._log_decode()
+
+    def _forward_batch(self, batch: list[Req]) -> ForwardBatch:
+        ids, tables, prefixes = [], [], []
+        for req in batch:
+            assert req.row is not None
+            end = req.kv_len + req.extend_len
+            if req.state == ReqState.PREFILL:
+                ids.append(req.all_ids[req.kv_len : end])
+            else:
+                ids.append(np.array(req.output_ids[-1:], dtype=np.int64))
+            tables.append(self.req_pool.table[req.row, :end])
+            prefixes.append(req.kv_len)
+        return ForwardBatch.build(ids, tables, prefixes)
+
+    def _uniforms(self, batch: list[Req]) -> np.ndarray:
+        """One draw per request; a seeded request's draw depends only on (seed, step)."""
+        draws = self._rng.random(len(batch))
+        for i, req in enumerate(batch):
+            if req.params.seed is not None:
+                seq = [req.params.seed & 0xFFFFFFFF, len(req.output_ids)]
+                draws[i] = np.random.default_rng(seq).random()
+        return draws
+
+    @staticmethod
+    def _history(req: Req) -> tuple[np.ndarray, int] | None:
+        p = req.params
+        if p.repetition_penalty == 1.0 and p.presence_penalty == 0 and p.frequency_penalty == 0:
+            return None
+        return req.all_ids, len(req.prompt_ids)
+
+    def _advance(self, req: Req, out: SampleOutput, i: int) -> None:
+        was_prefill = req.state == ReqState.PREFILL
+        req.kv_len += req.extend_len
+        req.extend_len = 0
+        if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
+            self._cache_unfinished(req)
+            return
+        token = int(out.token_ids[i])
+        req.output_ids.append(token)
+        self.generated_tokens_total += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        if req.params.logprobs is not None and out.logprobs is not None:
+            req.logprobs.append(_token_logprob(out, i, token, req.params.logprobs))
+        self._touched[req.rid] = req
+        self._check_finished(req, token)
+        if req.finished:
+            if not was_prefill:
+                self.running.remove(req)
+            self._release(req)
+        elif was_prefill:
+            self._cache_unfinished(req)
+            req.state = ReqState.DECODE
+            self.running.append(req)
+
+    def _check_finished(self, req: Req, token: int) -> None:
+        p = req.params
+        if token in p.stop_token_ids:
+            req.finish("stop", token)
+        elif token in self.eos_token_ids and not p.ignore_eos:
+            req.finish("stop", token)
+        elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+            req.finish("length")
+        elif p.stop:
+            window = max(len(s) for s in p.stop) + 1
+            tail = self.decode(req.output_ids[-window:])
+            for s in p.stop:
+                if s in tail:
+                    req.finish("stop", s)
+                    break
+
+    # ---- handing KV to the radix cache ---------------------------------------------------
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """Insert the computed prefix into the tree so others can share it; move our lock."""
+        if self.cache.disable:
+            return
+        assert req.row is not None
+        slots = self.req_pool.table[req.row, : req.kv_len]
+        already = self.cache.insert(req.all_ids[: req.kv_len], slots.copy(), req.extra_key)
+        self.pool.free(slots[req.cached_len : already])
+        match = self.cache.match_prefix(req.all_ids[: req.kv_len], extra_key=req.extra_key)
+        self.req_pool.table[req.row, : match.matched_len] = match.indices
+        self.cache.lock(match.last_node)
+        self.cache.unlock(req.last_node)
+        req.last_node, req.cached_len = match.last_node, match.matched_len
+
+    def _release(self, req: Req) -> None:
+        """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
+        if req.row is None:
+            return
+        slots = self.req_pool.table[req.row, : req.kv_len].copy()
+        if self.cache.disable:
+            self.pool.free(slots)
+        else:
+            page = self.args.page_size
+            whole = req.kv_len // page * page
+            already = self.cache.insert(req.all_ids[:whole], slots[:whole], req.extra_key)
+            self.pool.free(slots[req.cached_len : already])
+            self.pool.free(slots[whole:])
+            self.cache.unlock(req.last_node)
+        self.req_pool.free(req.row)
+        req.row, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
+
+    # ---- outputs, stats, logs ------------------------------------------------------------
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        outputs, self._rejected = self._rejected, []
+        for req in self._touched.values():
+            outputs.append(self._output(req))
+            if req.finished:
+                self.reqs.pop(req.rid, None)
+        self._touched = {}
+        return outputs
+
+    @staticmethod
+    def _output(req: Req) -> RequestOutput:
+        new = tuple(req.output_ids[req.sent_tokens :])
+        logprobs = tuple(req.logprobs[req.sent_logprobs :])
+        req.sent_tokens, req.sent_logprobs = len(req.output_ids), len(req.logprobs)
+        return RequestOutput(
+            rid=req.rid,
+            new_token_ids=new,
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            matched_stop=req.matched_stop,
+            prompt_tokens=len(req.prompt_ids),
+            cached_tokens=max(req.cached_tokens, 0),
+            completion_tokens=len(req.output_ids),
+            logprobs=logprobs,
+            error=req.error,
+        )
+
+    def kv_usage(self) -> float:
+        return self.cache.protected_size / max(self.pool.total, 1)
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        return EngineStats(
+            running=len(self.running) + (self.chunked is not None),
+            queued=len(self.waiting),
+            kv_total=self.pool.total,
+            kv_used=self.cache.protected_size
+            + sum(r.kv_len - r.cached_len for r in self._holders()),
+            kv_cached=self.cache.evictable_size,
+            kv_free=self.pool.available,
+            cache_hit_tokens=self.cache.hit_tokens,
+            cache_miss_tokens=self.cache.miss_tokens,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generated_tokens_total=self.generated_tokens_total,
+            retractions=self.retractions,
+            prefill_tokens_per_s=self.prefill_meter.rate(now),
+            decode_tokens_per_s=self.decode_meter.rate(now),
+            requests=tuple(_req_row(r, now) for r in self._holders() + self.waiting[:32]),
+            top_prefixes=tuple(self.cache.top_prefixes(8)),
+        )
+
+    def _log_prefill(self, admitted: list[Req]) -> None:
+        logger.info(
+            "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, KV usage: %.2f, "
+            "#running: %d, #queue: %d",
+            len(admitted),
+            sum(r.extend_len for r in admitted),
+            sum(r.kv_len for r in admitted),
+            self.kv_usage(),
+            len(self.running),
+            len(self.waiting),
+        )
+
+    def _log_decode(self) -> None:
+        logger.info(
+            "Decode batch. #running: %d, KV usage: %.2f, gen throughput (token/s): %.1f, "
+            "#queue: %d",
+            len(self.running),
+            self.kv_usage(),
+            self.decode_meter.rate(time.monotonic()),
+            len(self.waiting),
+        )
+
+
+def _token_logprob(out: SampleOutput, i: int, token: int, k: int) -> TokenLogprob:
+    assert out.logprobs is not None
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0 and out.top_ids is not None and out.top_logprobs is not None:
+        top = tuple(
+            (int(t), float(lp)) for t, lp in zip(out.top_ids[i, :k], out.top_logprobs[i, :k])
+        )
+    return TokenLogprob(token, float(out.logprobs[i]), top)
+
+
+def _req_row(req: Req, now: float) -> dict:
+    ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+    return {
+        "id": req.rid,
+        "state": req.state.value,
+        "prompt_tokens": len(req.prompt_ids),
+        "cached_tokens": max(req.cached_tokens, 0),
+        "generated_tokens": len(req.output_ids),
+        "ttft_s": ttft,
+        "age_s": now - req.arrival_time,
+        "retractions": req.retractions,
+    }

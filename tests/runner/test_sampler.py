@@ -1,0 +1,61 @@
+"""The sampler's filters, penalties and inverse-CDF draw on hand-made logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from localradix.runner.base import SamplingBatch
+from localradix.runner.sampler import apply_penalties, sample
+from localradix.sampling_params import SamplingParams
+
+LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
+
+def _batch(params: SamplingParams, u: float, history=None) -> SamplingBatch:
+    return SamplingBatch.build([params], np.array([u]), [history])
+
+
+def test_greedy_is_argmax():
+    out = sample(LOGITS, _batch(SamplingParams(temperature=0), 0.99))
+    assert out.token_ids.tolist() == [0]
+
+
+def test_inverse_cdf_picks_by_uniform():
+    p = SamplingParams(temperature=1.0)
+    picks = [int(sample(LOGITS, _batch(p, u)).token_ids[0]) for u in (0.1, 0.6, 0.85, 0.99)]
+    assert picks == [0, 1, 2, 3]
+
+
+def test_top_k_top_p_min_p_cut_the_tail():
+    for p in (
+        SamplingParams(temperature=1.0, top_k=2),
+        SamplingParams(temperature=1.0, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.5),
+    ):
+        assert int(sample(LOGITS, _batch(p, 0.999)).token_ids[0]) == 1
+
+
+def test_draws_follow_the_distribution():
+    p = SamplingParams(temperature=1.0)
+    u = np.random.default_rng(0).random(4000)
+    sb = SamplingBatch.build([p] * len(u), u, [None] * len(u))
+    tokens = sample(LOGITS.repeat(len(u), 1), sb).token_ids
+    freq = np.bincount(tokens, minlength=4) / len(u)
+    assert np.allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_penalties():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    ids = np.array([0, 1, 2, 2])  # prompt [0, 1], generated [2, 2]
+    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    out = apply_penalties(logits, _batch(p, 0.5, (ids, 2)))
+    # repetition: 2 -> 1, -2 -> -4, 1 -> 0.5; then token 2: -0.5*2 - 0.25
+    assert torch.allclose(out, torch.tensor([[1.0, -4.0, 0.5 - 1.0 - 0.25, 0.5]]))
+
+
+def test_logprobs_are_normalised():
+    p = SamplingParams(temperature=0, logprobs=2)
+    out = sample(LOGITS, _batch(p, 0.5))
+    assert np.isclose(out.logprobs[0], np.log(0.5), atol=1e-5)
+    assert out.top_ids.tolist() == [[0, 1]]
