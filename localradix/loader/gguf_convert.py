@@ -1,0 +1,154 @@
+"""Convert a GGUF once into a cached Hugging Face-style folder, then load that.
+
+The cache folder (`$LOCALRADIX_CACHE_DIR` or `~/.cache/localradix`, under `gguf/<stem>-<key>`,
+key = hash of path + size + mtime + format version) holds config.json, tokenizer.json,
+tokenizer_config.json, generation_config.json and model.safetensors. The tokenizer files are
+cheap and written by whoever needs them first (the API process); the weights (dequantized, with
+llama.cpp's Q/K permutation undone) are written by the engine, streamed tensor by tensor under a
+progress bar. Every file is written to a temporary name and renamed, so concurrent processes
+never see half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_FORMAT = 1
+WEIGHTS_FILE = "model.safetensors"
+# Quantized tensors of models up to this many parameters are cached in float32 (exact);
+# larger ones in float16, to keep the cache (and the loading RAM) at 2 bytes per weight.
+FLOAT32_CACHE_MAX_PARAMS = 2_000_000_000
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("LOCALRADIX_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "localradix"
+
+
+def cache_dir_for(gguf_path: Path) -> Path:
+    path = Path(gguf_path).resolve()
+    stat = path.stat()
+    key = f"{CACHE_FORMAT}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / "gguf" / f"{path.stem}-{digest}"
+
+
+def ensure_gguf_tokenizer(gguf_path: Path) -> Path:
+    """The cache folder with config and tokenizer files (no weights) for this GGUF."""
+    folder = cache_dir_for(gguf_path)
+    if not (folder / "tokenizer.json").is_file() or not (folder / "config.json").is_file():
+        _write_metadata_files(folder, _open(gguf_path))
+    return folder
+
+
+def ensure_gguf_model(gguf_path: Path) -> Path:
+    """The cache folder with everything, converting the weights on first use."""
+    folder = cache_dir_for(gguf_path)
+    if (folder / WEIGHTS_FILE).is_file() and (folder / "config.json").is_file():
+        return folder
+    reader = _open(gguf_path)
+    if not (folder / "config.json").is_file():
+        _write_metadata_files(folder, reader)
+    _write_weights(folder / WEIGHTS_FILE, reader, Path(gguf_path).name)
+    return folder
+
+
+def _open(gguf_path: Path) -> Any:
+    from gguf import GGUFReader
+
+    return GGUFReader(str(gguf_path))
+
+
+def _write_metadata_files(folder: Path, reader: Any) -> None:
+    from localradix.loader.gguf_metadata import eos_token_ids, hf_config, read_metadata
+    from localradix.loader.gguf_tokenizer import build_gguf_tokenizer
+
+    meta = read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    config = hf_config(meta, names)
+    tokenizer, tokenizer_config = build_gguf_tokenizer(meta)
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_write(folder / "tokenizer.json", tokenizer.to_str().encode())
+    _write_json(folder / "tokenizer_config.json", tokenizer_config)
+    _write_json(folder / "generation_config.json", {"eos_token_id": eos_token_ids(meta)})
+    _write_json(folder / "config.json", config)  # last: its presence marks the set complete
+
+
+def _write_weights(path: Path, reader: Any, label: str) -> None:
+    from gguf.quants import dequantize
+    from tqdm import tqdm
+
+    from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, read_metadata
+
+    meta = read_metadata(reader)
+    tensors = [(hf_tensor_name(t.name), t) for t in reader.tensors]
+    tensors = [(name, t) for name, t in tensors if name is not None]
+    total = sum(int(t.n_elements) for _, t in tensors)
+    plan = [(name, t, _cache_dtype(t, total)) for name, t in tensors]
+    header = _safetensors_header(plan)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    bar = tqdm(total=total, unit="w", unit_scale=True, desc=f"Converting {label} (first run)")
+    with open(tmp, "wb") as f, bar:
+        f.write(header)
+        for name, t, dtype in plan:
+            array = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+            heads = qk_heads(meta, name)
+            if heads is not None:
+                array = _unpermute(array, heads)
+            f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
+            bar.update(int(t.n_elements))
+    os.replace(tmp, path)
+
+
+def _unpermute(array: np.ndarray, heads: int) -> np.ndarray:
+    from localradix.loader.gguf_metadata import unpermute_qk
+
+    return unpermute_qk(array, heads)
+
+
+def _cache_dtype(tensor: Any, total_params: int) -> np.dtype:
+    from gguf import GGMLQuantizationType as Q
+
+    if tensor.tensor_type == Q.F16:
+        return np.dtype(np.float16)
+    if tensor.tensor_type == Q.F32 or total_params <= FLOAT32_CACHE_MAX_PARAMS:
+        return np.dtype(np.float32)
+    return np.dtype(np.float16)  # BF16 and quantized tensors of big models
+
+
+def _safetensors_header(plan: list[tuple[str, Any, np.dtype]]) -> bytes:
+    """The safetensors header for tensors written back to back in `plan` order."""
+    codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+    entries: dict[str, Any] = {"__metadata__": {"format": "pt", "source": "gguf"}}
+    offset = 0
+    for name, t, dtype in plan:
+        shape = [int(d) for d in reversed(t.shape.tolist())]
+        size = int(np.prod(shape)) * dtype.itemsize
+        entries[name] = {
+            "dtype": codes[dtype],
+            "shape": shape,
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    body = json.dumps(entries, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)  # data starts 8-byte aligned
+    return len(body).to_bytes(8, "little") + body
+
+
+def _write_json(path: Path, value: Any) -> None:
+    _atomic_write(path, json.dumps(value, indent=2, ensure_ascii=False).encode())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

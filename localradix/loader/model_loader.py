@@ -1,0 +1,59 @@
+"""load_model / load_model_config: a ModelSource to a ready torch model and its ModelConfig.
+
+`load_model_config` imports no torch; `load_model` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localradix.loader.hf import read_config
+from localradix.loader.source import ModelSource, resolve_model
+from localradix.models.config import ModelConfig
+from localradix.models.registry import get_model_class
+
+if TYPE_CHECKING:
+    import torch
+
+
+def load_model_config(source: ModelSource | str | None) -> ModelConfig:
+    """The model's config only (for GGUF: from the cached metadata, no weight conversion)."""
+    source = _as_source(source)
+    if source.kind == "hf":
+        return ModelConfig.from_hf_dict(read_config(source.path))
+    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+
+    return ModelConfig.from_hf_dict(read_config(ensure_gguf_tokenizer(source.path)))
+
+
+def load_model(
+    source: ModelSource | str | None,
+    dtype: str | torch.dtype = "auto",
+    device: torch.device | str = "cpu",
+    max_positions: int | None = None,
+) -> tuple[torch.nn.Module, ModelConfig]:
+    """Build the model for `source` on `device` and load its weights (GGUF: via the cache).
+
+    `max_positions` bounds the RoPE table (default: the config's max_position_embeddings).
+    """
+    from localradix.loader.dtype import resolve_dtype
+    from localradix.loader.hf import iter_weights
+
+    source = _as_source(source)
+    folder = source.path if source.kind == "hf" else _converted(source.path)
+    config = ModelConfig.from_hf_dict(read_config(folder))
+    model_class = get_model_class(config.architecture)
+    model = model_class(config, resolve_dtype(dtype, device), device, max_positions)
+    model.load_weights(iter_weights(folder))
+    return model.eval(), config
+
+
+def _converted(gguf_path: Path) -> Path:
+    from localradix.loader.gguf_convert import ensure_gguf_model
+
+    return ensure_gguf_model(gguf_path)
+
+
+def _as_source(source: ModelSource | str | None) -> ModelSource:
+    return source if isinstance(source, ModelSource) else resolve_model(source)

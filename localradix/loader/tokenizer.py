@@ -1,0 +1,151 @@
+"""Tokenizer: a `tokenizers` backend plus special tokens and the chat template.
+
+`load_tokenizer(source)` loads only this (no weights, no torch), for the API process. A Hugging
+Face folder is read directly; a GGUF's tokenizer is rebuilt from its metadata once and cached as
+an HF-style folder (see `localradix.loader.gguf_convert`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from localradix.loader.chat_template import render_chat_template, select_template
+from localradix.loader.source import ModelSource, resolve_model
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str | None] | None = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        self.backend = backend
+        self.chat_template = chat_template
+        self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
+        eos = list(eos_token_ids)
+        eos_token = self.special_tokens.get("eos_token")
+        if eos_token is not None and backend.token_to_id(eos_token) is not None:
+            eos.insert(0, backend.token_to_id(eos_token))
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))  # ordered, unique
+
+    @property
+    def bos_token_id(self) -> int | None:
+        token = self.special_tokens.get("bos_token")
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        return [self.backend.id_to_token(int(i)) for i in ids]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Render the conversation to a prompt string (tokenize it with `encode`)."""
+        if self.chat_template is None:
+            raise ValueError(
+                "this model has no chat template; use the completions API with a raw prompt"
+            )
+        context = {**self.special_tokens, **kwargs}
+        return render_chat_template(
+            self.chat_template,
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **context,
+        )
+
+    @staticmethod
+    def from_folder(folder: str | Path) -> Tokenizer:
+        """An HF-layout folder: tokenizer.json, tokenizer_config.json, chat_template.jinja, ..."""
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{folder} has no tokenizer.json (only fast tokenizers are supported)"
+            )
+        config = _read_json(folder / "tokenizer_config.json")
+        template = select_template(config.get("chat_template"))
+        jinja = folder / "chat_template.jinja"
+        if jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        elif template is None and (folder / "chat_template.json").is_file():
+            template = select_template(
+                _read_json(folder / "chat_template.json").get("chat_template")
+            )
+        specials = {
+            name: _token_text(config.get(name))
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
+        eos_ids = _ids(_read_json(folder / "generation_config.json").get("eos_token_id"))
+        eos_ids += _ids(_read_json(folder / "config.json").get("eos_token_id"))
+        return Tokenizer(
+            Backend.from_file(str(path)),
+            chat_template=template,
+            special_tokens=specials,
+            eos_token_ids=eos_ids,
+        )
+
+
+def load_tokenizer(source: ModelSource | str | None) -> Tokenizer:
+    """Only the tokenizer of a model (fast; no weights, no torch)."""
+    if not isinstance(source, ModelSource):
+        source = resolve_model(source)
+    if source.kind == "hf":
+        return Tokenizer.from_folder(source.path)
+    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+
+    return Tokenizer.from_folder(ensure_gguf_tokenizer(source.path))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_text(value: Any) -> str | None:
+    """Special tokens are a string, or an AddedToken dict with `content`."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]

@@ -1,0 +1,145 @@
+"""One decoder-only transformer for the Llama family, Mistral, Qwen2 and Qwen3.
+
+Differences are config flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied
+embeddings, GQA, RoPE theta/scaling. The hot path is lean on purpose: fused qkv and gate_up
+matmuls, RoPE applied to q and k in one go, functional ops on raw parameters, and layers called
+via `.forward` (no nn.Module hook machinery), because per-op Python overhead dominates small
+models on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localradix.models.config import ModelConfig
+from localradix.models.rotary import RotaryTable, apply_rotary
+from localradix.models.weights import WeightLoader
+from localradix.runner.attention import AttentionBackend
+
+
+class _Factory:
+    """Allocates uninitialised, frozen parameters directly in the target dtype and device."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+
+    def __call__(self, *shape: int) -> nn.Parameter:
+        data = torch.empty(*shape, dtype=self.dtype, device=self.device)
+        return nn.Parameter(data, requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, new: _Factory) -> None:
+        super().__init__()
+        c = config
+        self.layer_id = layer_id
+        self.eps = c.rms_norm_eps
+        self.hidden_shape = (c.hidden_size,)
+        self.head_dim = c.head_dim
+        self.num_heads = c.num_attention_heads
+        self.num_qk_heads = c.num_attention_heads + c.num_key_value_heads
+        self.qk_size = c.q_size + c.kv_size
+        self.scale = c.head_dim**-0.5
+        self.input_norm = new(c.hidden_size)
+        self.qkv_weight = new(c.q_size + 2 * c.kv_size, c.hidden_size)
+        self.qkv_bias = new(c.q_size + 2 * c.kv_size) if c.attention_bias else None
+        self.q_norm = new(c.head_dim) if c.qk_norm else None
+        self.k_norm = new(c.head_dim) if c.qk_norm else None
+        self.qk_norm_weight: torch.Tensor | None = None  # [Hq + Hkv, D], built by finalize()
+        self.o_weight = new(c.hidden_size, c.q_size)
+        self.post_norm = new(c.hidden_size)
+        self.gate_up_weight = new(2 * c.intermediate_size, c.hidden_size)
+        self.down_weight = new(c.hidden_size, c.intermediate_size)
+
+    def finalize(self) -> None:
+        """Derive the fused per-head q/k norm weight once all weights are loaded."""
+        if self.q_norm is not None and self.k_norm is not None:
+            num_kv = self.num_qk_heads - self.num_heads
+            q = self.q_norm.detach().expand(self.num_heads, -1)
+            k = self.k_norm.detach().expand(num_kv, -1)
+            self.qk_norm_weight = torch.cat([q, k]).contiguous()
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]: previous layer's output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, hidden]: running residual stream
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D]
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = x if residual is None else x + residual
+        h = F.rms_norm(residual, self.hidden_shape, self.input_norm, self.eps)
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) D]
+        tokens = qkv.shape[0]
+        qk = qkv[:, : self.qk_size].view(tokens, self.num_qk_heads, self.head_dim)
+        if self.qk_norm_weight is not None:
+            qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.qk_norm_weight
+        qk = apply_rotary(qk, cos, sin)
+        v = qkv[:, self.qk_size :].view(tokens, -1, self.head_dim)
+        o = attn.forward(
+            qk[:, : self.num_heads], qk[:, self.num_heads :], v, self.layer_id, self.scale
+        )
+        residual = F.linear(o, self.o_weight) + residual
+        h = F.rms_norm(residual, self.hidden_shape, self.post_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight), residual
+
+
+class DecoderForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits -> fp32."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        max_positions: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.max_positions = max_positions
+        self.eps = config.rms_norm_eps
+        new = _Factory(dtype, self.device)
+        self.embed_tokens = new(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, new) for i in range(config.num_hidden_layers)
+        )
+        self.norm = new(config.hidden_size)
+        self.lm_head = None if config.tie_word_embeddings else new(*self.embed_tokens.shape)
+        self.rotary = RotaryTable(config, dtype, self.device, max_positions)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary.lookup(positions)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual, cos, sin, attn)
+        return F.rms_norm(x + residual, (self.config.hidden_size,), self.norm, self.eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (usually each request's last token) -> float32 logits [N, vocab]."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (HF parameter name, tensor) pairs in, fusing qkv and gate_up; checks coverage."""
+        loader = WeightLoader(self)
+        for name, tensor in weights:
+            if name == "model.rotary_emb.freq_factors":  # GGUF `rope_freqs`: rebuild the table
+                self.rotary = RotaryTable(
+                    self.config, self.dtype, self.device, self.max_positions, tensor
+                )
+                continue
+            loader.load(name, tensor)
+        loader.check_complete()
+        for layer in self.layers:
+            layer.finalize()

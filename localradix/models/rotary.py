@@ -1,0 +1,70 @@
+"""Rotary position embedding (HF "rotate half" layout) with a cos/sin table indexed by position.
+
+The table is computed in float32 exactly as transformers does (positions * inv_freq, then
+cos/sin) and stored in the model dtype, so indexing it equals transformers' on-the-fly values.
+The sign of rotate_half is folded into the sin table, so applying RoPE is roll + mul + addcmul.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from localradix.models.config import ModelConfig, RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """float32 [head_dim // 2] inverse frequencies, scaled as the config says."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling.rope_type in ("default", None):
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise NotImplementedError(f"RoPE scaling type {scaling.rope_type!r} is not supported")
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    old_len = s.original_max_position_embeddings
+    low_wavelen, high_wavelen = old_len / s.low_freq_factor, old_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryTable:
+    """cos / signed-sin tables [max_positions, head_dim] in the model dtype."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_positions: int | None = None,
+        freq_factors: torch.Tensor | None = None,
+    ) -> None:
+        self.head_dim = config.head_dim
+        self.max_positions = max_positions or config.max_position_embeddings
+        inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+        if freq_factors is not None:  # llama.cpp stores llama3-style scaling as divisors
+            inv_freq = inv_freq / freq_factors.float().cpu()
+        positions = torch.arange(self.max_positions, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        self.cos = torch.cat([cos, cos], dim=-1).to(device=device, dtype=dtype)
+        self.sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin for these positions, shaped [T, 1, D] to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] -> x * cos + rotate_half(x) * sin (rotate_half's sign lives in `sin`)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)

@@ -1,0 +1,94 @@
+"""Attention backends: the only code that touches the KV cache.
+
+Model code calls `attn.forward(q, k, v, layer_id, scale)` and never sees slots or kernels. The
+runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
+device tensors; every layer then reuses them. Backends are listed in `ATTENTION_BACKENDS` as
+"module:Class" strings and imported only when chosen, so optional kernel libraries
+(FlashInfer, MLX) load only where they are used. This module itself imports no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from localradix.sched.batch import ForwardBatch
+
+ATTENTION_BACKENDS: dict[str, str] = {
+    "torch_native": "localradix.runner.attention_torch:TorchNativeAttention",
+}
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    """The backend class registered as `name` (imported on first use)."""
+    try:
+        target = ATTENTION_BACKENDS[name]
+    except KeyError:
+        known = ", ".join(sorted(ATTENTION_BACKENDS))
+        raise ValueError(f"unknown attention backend {name!r}; known: {known}") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a KV cache of `num_slots + 1` token slots per layer.
+
+    Invariants: slot 0 is a dummy (padding writes and reads land there, never real data);
+    `prepare` is called once per step before any `forward`; `forward` is called once per layer
+    per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.num_slots = num_slots
+        self.dtype = dtype
+        self.device = device
+
+    @classmethod
+    def from_model_config(
+        cls, config: Any, num_slots: int, dtype: torch.dtype, device: torch.device | str
+    ) -> AttentionBackend:
+        """Size the cache for a `ModelConfig` (anything with the three fields used)."""
+        return cls(
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            config.head_dim,
+            num_slots,
+            dtype,
+            device,
+        )
+
+    @staticmethod
+    def kv_bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of K and V one token occupies across all layers (for sizing the pool)."""
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Turn the step's numpy plan into device tensors / kernel metadata, once per step."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+    ) -> torch.Tensor:
+        """Store k/v at the batch's `out_slots`, then attend causally; returns [T, Hq * D].
+
+        q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
+        its request's slots of positions <= p (prefix from the cache, plus the new tokens).
+        """

@@ -1,0 +1,160 @@
+"""The torch-native reference attention backend (any torch device, no extra libraries).
+
+Per layer: K/V of the new tokens go to the cache with one `index_copy_`; all decode requests
+(one new token each) run as ONE batched SDPA over K/V gathered into a padded [B, L] slot table
+with a key-padding mask; each extend (prefill) request runs as its own SDPA with a causal mask
+shifted by its cached prefix length (plain `is_causal` when it has no prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from localradix.runner.attention import AttentionBackend
+from localradix.sched.batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    token_index: torch.Tensor | None  # [B] rows of q that are decode tokens; None = all rows
+    slots: torch.Tensor | slice  # [B, L] padded slot table, or a slice when B=1 and contiguous
+    mask: torch.Tensor | None  # bool [B, 1, 1, L]: True = attend; None = no padding
+
+
+@dataclass(frozen=True)
+class _ExtendPlan:
+    start: int  # first row of this request's new tokens in q
+    end: int
+    slots: torch.Tensor | None  # [S] slots of prefix + new tokens; None = no prefix (use k/v)
+    mask: torch.Tensor | None  # bool [E, S] causal mask offset by the prefix; None = is_causal
+
+
+class TorchNativeAttention(AttentionBackend):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
+        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self._num_tokens = 0
+        self._out_slots = torch.zeros(0, dtype=torch.long)
+        self._decode: _DecodePlan | None = None
+        self._extends: list[_ExtendPlan] = []
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._num_tokens = batch.num_tokens
+        self._out_slots = self._tensor(batch.out_slots)
+        is_decode = batch.extend_lens == 1
+        decode_reqs = np.flatnonzero(is_decode)
+        self._decode = self._plan_decode(batch, decode_reqs) if len(decode_reqs) else None
+        self._extends = [self._plan_extend(batch, i) for i in np.flatnonzero(~is_decode)]
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
+        k_cache.index_copy_(0, self._out_slots, k)
+        v_cache.index_copy_(0, self._out_slots, v)
+        num_tokens, num_heads, head_dim = q.shape
+        if self._decode is not None and self._decode.token_index is None:
+            return self._attend_decode(q, k_cache, v_cache, scale)  # decode-only batch
+        if len(self._extends) == 1 and self._decode is None:
+            return self._attend_extend(self._extends[0], q, k, v, k_cache, v_cache, scale)
+        out = q.new_empty(num_tokens, num_heads * head_dim)
+        if self._decode is not None:
+            rows = self._decode.token_index
+            out[rows] = self._attend_decode(q[rows], k_cache, v_cache, scale)
+        for plan in self._extends:
+            out[plan.start : plan.end] = self._attend_extend(plan, q, k, v, k_cache, v_cache, scale)
+        return out
+
+    # -- per-group attention -------------------------------------------------------------
+
+    def _attend_decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        plan = self._decode
+        assert plan is not None
+        batch = q.shape[0]
+        if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
+            keys, values = k_cache[plan.slots].unsqueeze(0), v_cache[plan.slots].unsqueeze(0)
+        else:
+            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, Hq, 1, D]
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=plan.mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.reshape(batch, -1)
+
+    def _attend_extend(
+        self,
+        plan: _ExtendPlan,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        rows = slice(plan.start, plan.end)
+        if plan.slots is None:
+            keys, values = k[rows], v[rows]  # no prefix: the new tokens are the whole sequence
+        else:
+            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [S, Hkv, D]
+        out = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=plan.mask,
+            is_causal=plan.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1).reshape(plan.end - plan.start, -1)
+
+    # -- planning (numpy -> device tensors, once per step) -------------------------------
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+
+    def _plan_decode(self, batch: ForwardBatch, reqs: np.ndarray) -> _DecodePlan:
+        all_rows = len(reqs) == batch.num_reqs
+        token_index = None if all_rows else self._tensor(batch.qo_indptr[reqs])
+        lens = batch.seq_lens[reqs]
+        starts = batch.kv_indptr[reqs]
+        if len(reqs) == 1:
+            own = batch.kv_indices[starts[0] : starts[0] + lens[0]]
+            if np.all(np.diff(own) == 1):
+                return _DecodePlan(token_index, slice(int(own[0]), int(own[-1]) + 1), None)
+        width = int(lens.max())
+        cols = np.arange(width, dtype=np.int64)
+        valid = cols[None, :] < lens[:, None]
+        flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
+        slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
+        mask = None if bool(valid.all()) else self._tensor(valid[:, None, None, :])
+        return _DecodePlan(token_index, self._tensor(slots), mask)
+
+    def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
+        start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
+        prefix = int(batch.prefix_lens[req])
+        if prefix == 0:
+            return _ExtendPlan(start, end, None, None)
+        kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
+        seq = len(kv)
+        causal = np.arange(seq)[None, :] <= prefix + np.arange(end - start)[:, None]
+        return _ExtendPlan(start, end, self._tensor(kv), self._tensor(causal))
