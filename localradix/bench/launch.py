@@ -1,0 +1,157 @@
+"""Start a server for a benchmark run, wait until it answers, and stop it afterwards.
+
+The server runs in its own session (process group) so that stopping it also stops the worker
+processes it spawned: SIGINT first (a clean shutdown), then SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+LOG_TAIL_LINES = 30
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def localradix_argv(server_args: tuple[str, ...], port: int, model: str | None) -> list[str]:
+    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P ARGS`."""
+    head = [sys.executable, "-m", "localradix", "serve", *([model] if model else [])]
+    return [*head, "--host", "127.0.0.1", "--port", str(port), *server_args]
+
+
+def port_in_args(args: tuple[str, ...] | list[str]) -> int | None:
+    """The --port a user passed among server args, if any (it then wins over ours)."""
+    for i, a in enumerate(args):
+        if a == "--port" and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith("--port="):
+            return int(a.split("=", 1)[1])
+    return None
+
+
+def command_argv(command: str, port: int) -> list[str]:
+    return shlex.split(command.replace("{port}", str(port)))
+
+
+class ServerProcess:
+    """A server subprocess; use as a context manager: enter = started and ready."""
+
+    def __init__(self, argv: list[str], port: int, ready_timeout: float = 300.0) -> None:
+        self.argv, self.port, self.ready_timeout = argv, port, ready_timeout
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop(keep_log=True)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(keep_log=exc_type is not None)
+
+    def start(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="localradix-bench-server-", suffix=".log")
+        self.log_path = Path(path)
+        with os.fdopen(fd, "wb") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=os.name == "posix",
+                )
+            except OSError as e:
+                raise LaunchError(f"cannot start {shlex.join(self.argv)}: {e}") from e
+
+    def wait_ready(self) -> None:
+        """Poll GET /health (or GET /v1/models) until 200; raise LaunchError with the log tail."""
+        assert self.proc is not None
+        deadline = time.monotonic() + self.ready_timeout
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                code = self.proc.poll()
+                if code is not None:
+                    raise LaunchError(self._failure(f"server exited with code {code}"))
+                if self._answers(client):
+                    return
+                time.sleep(0.25)
+        raise LaunchError(self._failure(f"server not ready after {self.ready_timeout:.0f} s"))
+
+    def _answers(self, client: httpx.Client) -> bool:
+        for path in ("/health", "/v1/models"):
+            try:
+                if client.get(self.base + path).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                return False  # not listening yet
+        return False
+
+    def _failure(self, what: str) -> str:
+        return (
+            f"{what}: {shlex.join(self.argv)}\n"
+            f"--- server output, last lines (full log: {self.log_path}) ---\n{self.log_tail()}"
+        )
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no output)"
+        lines = self.log_path.read_text("utf-8", "replace").splitlines()
+        return "\n".join(lines[-n:]) or "(no output)"
+
+    def stop(self, keep_log: bool = False) -> None:
+        """Stop the server (if running); remove its log unless `keep_log`."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            self._terminate(proc)
+        if not keep_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+
+    def _terminate(self, proc: subprocess.Popen) -> None:
+        for sig, wait in ((signal.SIGINT, 15.0), (signal.SIGTERM, 5.0)):
+            self._signal(sig)
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            self._signal(signal.SIGKILL if os.name == "posix" else signal.SIGTERM)
+            proc.wait(timeout=10)
+        if os.name == "posix":
+            self._signal(signal.SIGTERM)  # workers that outlived the main process
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        try:
+            if os.name == "posix":
+                os.killpg(self.proc.pid, sig)  # the server and any workers it started
+            elif sig == signal.SIGINT:
+                self.proc.terminate()
+            else:
+                self.proc.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
