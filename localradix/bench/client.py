@@ -6,6 +6,7 @@ Every failure (refused connection, HTTP error, malformed stream, timeout) become
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -57,17 +58,19 @@ async def stream_chat(
     body: dict[str, Any],
     result: RequestResult,
     headers: dict[str, str] | None = None,
+    total_timeout: float | None = None,
 ) -> RequestResult:
-    """POST `body` with stream=true to `url`; fill and return `result`."""
+    """POST `body` with stream=true to `url`; fill and return `result`.
+
+    `total_timeout` bounds the whole request; the client's own timeouts bound each read.
+    """
     result.start = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                raw = await resp.aread()
-                raise StreamError(f"HTTP {resp.status_code}: {_error_text(raw)}")
-            await _consume(resp, result)
+        await asyncio.wait_for(_request(client, url, body, result, headers), total_timeout)
     except StreamError as e:
         result.error = str(e)
+    except asyncio.TimeoutError:
+        result.error = f"timeout: no complete reply within {total_timeout:g} s"
     except httpx.TimeoutException as e:
         result.error = f"timeout: {type(e).__name__}"
     except httpx.HTTPError as e:
@@ -76,6 +79,14 @@ async def stream_chat(
         result.error = f"{type(e).__name__}: {e}"
     result.latency = time.perf_counter() - result.start
     return result
+
+
+async def _request(client, url, body, result, headers) -> None:
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            raw = await resp.aread()
+            raise StreamError(f"HTTP {resp.status_code}: {_error_text(raw)}")
+        await _consume(resp, result)
 
 
 async def _consume(resp: httpx.Response, result: RequestResult) -> None:

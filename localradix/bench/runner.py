@@ -109,8 +109,8 @@ class _Driver:
 
     async def _send(self, messages: list[dict], result: RequestResult) -> None:
         body = request_body(self.endpoint.model, messages, self.workload.max_tokens, self.opts)
-        ep = self.endpoint
-        await stream_chat(self.client, ep.chat_url, body, result, ep.headers)
+        ep, timeout = self.endpoint, self.opts.request_timeout
+        await stream_chat(self.client, ep.chat_url, body, result, ep.headers, timeout)
 
 
 def request_body(model: str, messages: list[dict], max_tokens: int, opts: RunOptions) -> dict:

@@ -113,7 +113,11 @@ def test_connection_refused_and_timeouts_are_errors(fake_server):
     assert all(r.error and "Connect" in r.error for r in run.results)
     opts = RunOptions(concurrency=4, warmup=0, progress=False, request_timeout=0.3)
     _, _, rep = bench(fake_server, "random", model="slow", sizes=Sizes(num_requests=2), opts=opts)
-    assert rep["error_counts"] == {"timeout: ReadTimeout": 2}
+    assert rep["error_counts"] == {"timeout: no complete reply within 0.3 s": 2}  # no token
+    opts = RunOptions(concurrency=4, warmup=0, progress=False, request_timeout=0.5)
+    sizes = Sizes(num_requests=2, max_tokens=2000)  # tokens keep coming, too many of them
+    _, _, rep = bench(fake_server, "random", sizes=sizes, opts=opts)
+    assert rep["error_counts"] == {"timeout: no complete reply within 0.5 s": 2}
 
 
 def test_missing_usage_falls_back_to_stream_counts(fake_server):
@@ -189,3 +193,28 @@ def test_server_that_fails_to_start_is_reported(tmp_path, capsys):
     assert len(runs) == 2 and all(r["requests"]["ok"] == 0 for r in runs)
     assert runs[0]["fatal"].startswith("launch failed: server exited with code 1")
     assert "refusing to start (--fail)" in capsys.readouterr().err  # the server's output tail
+
+
+def test_launch_targets_get_common_and_own_server_args(monkeypatch, tmp_path):
+    import localradix.bench.main as bench_main
+
+    seen = []
+
+    def fake_argv(args, port, model):
+        seen.append((args, model))
+        return [sys.executable, str(HERE / "fake_openai_server.py"), "--port", str(port)]
+
+    monkeypatch.setattr(bench_main, "localradix_argv", fake_argv)
+    out = tmp_path / "r.json"
+    args = ["--launch", "--compare", "nocache=launch:--disable-radix-cache",
+            "--server-args", "--page-size 4", "--launch-model", "m.gguf", "--model", "fake",
+            "--workload", "random", "--num-requests", "2", "--max-tokens", "2",
+            "--output", str(out), "--no-progress"]  # fmt: skip
+    assert run_bench(build_parser().parse_args(args)) == 0
+    assert seen == [
+        (("--page-size", "4"), "m.gguf"),
+        (("--page-size", "4", "--disable-radix-cache"), "m.gguf"),
+    ]
+    doc = json.loads(out.read_text())
+    assert [r["label"] for r in doc["runs"]] == ["localradix", "nocache"]
+    assert doc["comparisons"][0]["target"] == "nocache"
