@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from localradix import __version__
 from localradix.bench.launch import (
     LaunchError,
     ServerProcess,
@@ -68,6 +69,7 @@ def main(ns: argparse.Namespace) -> int:
         print("\n" + format_comparisons(comps))
     doc = {
         "localradix_bench": SCHEMA_VERSION,
+        "localradix_version": __version__,
         "created": datetime.now().astimezone().isoformat(timespec="seconds"),
         "options": _options(ns),
         "runs": runs,
