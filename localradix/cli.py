@@ -1,0 +1,78 @@
+"""`localradix`: one CLI, subcommands registered in COMMANDS and imported only when used.
+
+Adding a subcommand is one line in COMMANDS: (module, function that adds its parser to the
+subparsers, function that runs it and returns an exit status). The modules named here must stay
+light at import time (no torch), so `localradix --help` answers fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    module: str
+    add_parser: str  # add_parser(subparsers) -> None: creates the subcommand's parser
+    run: str  # run(namespace) -> int
+
+
+COMMANDS: dict[str, Command] = {
+    "serve": Command("localradix.server.launch", "add_serve_parser", "run_serve"),
+    "bench": Command("localradix.bench", "add_bench_parser", "run_bench"),
+}
+DEFAULT_COMMAND: str | None = None  # what a bare `localradix` runs (None: print help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from localradix import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="localradix",
+        description="A local LLM server with a radix-tree prefix cache and an OpenAI API.",
+    )
+    parser.add_argument("--version", action="version", version=f"localradix {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS.values():
+        try:
+            module = importlib.import_module(command.module)
+        except ImportError as exc:
+            if exc.name and command.module.startswith(exc.name):
+                continue  # the subcommand's module is not installed (yet)
+            raise
+        getattr(module, command.add_parser)(subparsers)
+    return parser
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv and DEFAULT_COMMAND is not None:
+        argv = [DEFAULT_COMMAND]
+    ns = parser.parse_args(argv)
+    if ns.command is None:
+        parser.print_help()
+        return 0
+    setup_logging(getattr(ns, "log_level", "info"))
+    command = COMMANDS[ns.command]
+    run = getattr(importlib.import_module(command.module), command.run)
+    try:
+        return int(run(ns) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

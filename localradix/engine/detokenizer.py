@@ -1,0 +1,123 @@
+"""Incremental detokenization: token ids in, text deltas out, never a broken character.
+
+Each `add` decodes only a short window of ids (`prefix_offset:`) and emits what the newest ids
+added to the text of that window minus its prefix (`prefix_offset:read_offset`), the scheme of
+vLLM and SGLang: decoding the window with a little left context keeps tokenizers that strip a
+leading space (SentencePiece) right, and a window that ends in U+FFFD is an incomplete UTF-8
+character, held back until the next ids complete it.
+
+Stop strings: text that could still become a stop string is held back until it is decided, and
+the text is cut where a stop string starts, so a stream never shows (part of) a stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+REPLACEMENT_CHAR = "\ufffd"
+MAX_HELD_IDS = 4  # a UTF-8 character is at most 4 bytes, so at most 4 ids
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        skip_special_tokens: bool = True,
+        stop: Iterable[str] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.text = ""  # all decoded text so far (may end in held-back stop-string prefixes)
+        self.emitted = 0  # characters of `text` already returned
+        self.stopped = False  # a stop string was found: nothing more is ever emitted
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    @property
+    def output_text(self) -> str:
+        """The text returned so far (what a client has seen)."""
+        return self.text[: self.emitted]
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Append ids; return the new text that is safe to show (possibly "")."""
+        if self.stopped:
+            return ""
+        self.ids.extend(token_ids)
+        self._decode_window(final=False)
+        return self._release(final=False)
+
+    def finish(self, matched_stop: str | None = None) -> str:
+        """Flush everything held back (cut at a stop string); call once, at the end."""
+        if self.stopped:
+            return ""
+        self._decode_window(final=True)
+        if matched_stop and matched_stop not in self.stop:
+            self.stop += (matched_stop,)
+        return self._release(final=True)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _decode_window(self, final: bool) -> None:
+        if self._read_offset == len(self.ids):
+            return
+        prefix = self._decode(self.ids[self._prefix_offset : self._read_offset])
+        end = len(self.ids)
+        window = self._decode(self.ids[self._prefix_offset : end])
+        if not final and window.endswith(REPLACEMENT_CHAR):
+            found = self._complete_part(prefix)
+            if found is not None:
+                end, window = found
+            elif end - self._read_offset < MAX_HELD_IDS:
+                return  # an incomplete character: wait for the ids that complete it
+            # else: more ids than any character needs, so the model generated invalid bytes
+        if not final and len(window) <= len(prefix):
+            return  # nothing new yet (e.g. a skipped special token)
+        self.text += window[len(prefix) :]
+        self._prefix_offset, self._read_offset = self._read_offset, end
+
+    def _complete_part(self, prefix: str) -> tuple[int, str] | None:
+        """The longest window, short of the last 1-3 ids, that ends in a whole character."""
+        for k in range(1, min(MAX_HELD_IDS, len(self.ids) - self._read_offset)):
+            window = self._decode(self.ids[self._prefix_offset : len(self.ids) - k])
+            if len(window) > len(prefix) and not window.endswith(REPLACEMENT_CHAR):
+                return len(self.ids) - k, window
+        return None
+
+    def _release(self, final: bool) -> str:
+        pending = self.text[self.emitted :]
+        if self.stop:
+            cut = _first_stop(pending, self.stop)
+            if cut is not None:
+                self.stopped = True
+                pending = pending[:cut]
+            elif not final:
+                pending = pending[: len(pending) - _held_back(pending, self.stop)]
+        self.emitted += len(pending)
+        return pending
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index where the earliest stop string starts in `text`, if any."""
+    hits = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    longest = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:k]):
+                longest = k
+                break
+    return longest

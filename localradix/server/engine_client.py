@@ -1,0 +1,191 @@
+"""The API process's handle on the engine process: spawn, readiness, messages, death.
+
+Outputs are routed to per-request listeners by rid. A watchdog notices when the engine process
+dies (crash, OOM kill, `kill -9`): every listener is woken with `None`, `dead_message` explains
+what happened, and the `on_death` callbacks run (the CLI then shuts the server down, non-zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from localradix.config import ServerArgs
+from localradix.engine.messages import EngineStats, FlushCache, RequestOutput
+from localradix.server.engine_process import DEFAULT_CORE, Shutdown, engine_main
+
+logger = logging.getLogger("localradix.server")
+
+Listener = Callable[[RequestOutput | None], None]  # None: the engine died
+WATCHDOG_INTERVAL_S = 0.2
+
+
+class EngineError(RuntimeError):
+    """The engine failed to load or is gone."""
+
+
+class EngineClient:
+    def __init__(self, args: ServerArgs, core_factory: str = DEFAULT_CORE) -> None:
+        self.args = args
+        self.core_factory = core_factory
+        self.info: dict[str, Any] = {}
+        self.stats: EngineStats | None = None
+        self.stats_time = 0.0
+        self.dead_message: str | None = None
+        self.listeners: dict[str, Listener] = {}
+        self.on_death: list[Callable[[str], None]] = []
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self._dir = tempfile.mkdtemp(prefix="localradix-")
+        self._ctx = zmq.asyncio.Context()
+        self._push: zmq.Socket | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flush_lock = asyncio.Lock()
+        self._flush_reply: asyncio.Future[bool] | None = None
+        self._fatal: str | None = None
+        self._closing = False
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_message is None and bool(self.info)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> dict[str, Any]:
+        """Spawn the engine process and wait until it has loaded the model (or failed to)."""
+        req_addr, out_addr = f"ipc://{self._dir}/requests", f"ipc://{self._dir}/outputs"
+        self._push = zmq.Context.instance().socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.bind(req_addr)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(out_addr)
+        spawn = multiprocessing.get_context("spawn")
+        self.process = spawn.Process(
+            target=engine_main,
+            args=(self.args, req_addr, out_addr, self.core_factory, os.getpid()),
+            name="localradix-engine",
+            daemon=True,
+        )
+        self.process.start()
+        self.info = await self._wait_ready()
+        self._tasks = [
+            asyncio.create_task(self._dispatch(), name="engine-outputs"),
+            asyncio.create_task(self._watchdog(), name="engine-watchdog"),
+        ]
+        return self.info
+
+    async def _wait_ready(self) -> dict[str, Any]:
+        assert self._pull is not None and self.process is not None
+        while True:
+            if await self._pull.poll(200):
+                kind, payload = pickle.loads(await self._pull.recv())
+                if kind == "ready":
+                    return payload
+                if kind == "load_error":
+                    raise EngineError(f"the engine failed to load the model: {payload}")
+                self._handle(kind, payload)
+            elif not self.process.is_alive():
+                raise EngineError(
+                    f"the engine process exited during loading (exit code {self.process.exitcode})"
+                )
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Abort what is left, stop the engine process and release the sockets."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        if self.process is not None and self.process.is_alive():
+            self.send([Shutdown()])
+            await asyncio.to_thread(self.process.join, timeout)
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        self._closing = True
+        proc = self.process
+        if proc is not None and proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        for sock in (self._push, self._pull):
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ---- messages ------------------------------------------------------------------------
+
+    def send(self, messages: list[Any]) -> None:
+        if self._push is None or self._push.closed:
+            raise EngineError("the engine is not running")
+        self._push.send(pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+
+    async def flush_cache(self) -> bool:
+        async with self._flush_lock:
+            self._flush_reply = asyncio.get_running_loop().create_future()
+            self.send([FlushCache()])
+            try:
+                return await asyncio.wait_for(self._flush_reply, 60)
+            finally:
+                self._flush_reply = None
+
+    async def _dispatch(self) -> None:
+        assert self._pull is not None
+        while True:
+            kind, payload = pickle.loads(await self._pull.recv())
+            self._handle(kind, payload)
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "outputs":
+            for out in payload:
+                listener = self.listeners.get(out.rid)
+                if listener is not None:
+                    listener(out)
+        elif kind == "stats":
+            self.stats = payload
+            self.stats_time = asyncio.get_running_loop().time()
+        elif kind == "flush":
+            if self._flush_reply is not None and not self._flush_reply.done():
+                self._flush_reply.set_result(payload)
+        elif kind == "fatal":
+            self._fatal = payload
+        else:
+            logger.warning("unexpected message from the engine: %s", kind)
+
+    async def _watchdog(self) -> None:
+        assert self.process is not None
+        while self.process.is_alive():
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        if self._closing:
+            return
+        await asyncio.sleep(0.05)  # let the dispatcher read a last "fatal" message
+        self._died(self.process.exitcode)
+
+    def _died(self, exitcode: int | None) -> None:
+        reason = f": {self._fatal}" if self._fatal else ""
+        self.dead_message = (
+            f"the engine process exited unexpectedly (exit code {exitcode}){reason}; "
+            "the server is shutting down, restart it"
+        )
+        logger.error("%s", self.dead_message)
+        for listener in list(self.listeners.values()):
+            listener(None)
+        self.listeners.clear()
+        for callback in self.on_death:
+            callback(self.dead_message)

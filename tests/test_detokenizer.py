@@ -1,0 +1,161 @@
+"""IncrementalDetokenizer with real byte-level BPE tokenizers: never a broken character, never
+(part of) a stop string in the output, and the deltas always add up to the full decode."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localradix.engine.detokenizer import IncrementalDetokenizer
+
+CORPUS = [
+    "Hello world, this is a small corpus for a byte-level BPE tokenizer.",
+    "The quick brown fox jumps over the lazy dog. STOP signs and stop words.",
+    "Radix trees share prefixes; caches reuse them. Done! The end.",
+] * 20
+TEXTS = [
+    "Hello 👋🏽 world! 日本語のテキスト and émojis 🎉🎉",
+    "plain ascii text with a STOP inside it",
+    "🧑‍🚀 astronaut family 👨‍👩‍👧‍👦 mixed with words",
+]
+
+
+class _HFAdapter:
+    """The subset of localradix's Tokenizer that the detokenizer and these tests use."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.eos_token_ids = (backend.token_to_id("<eos>"),)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+@functools.lru_cache(maxsize=1)
+def small_bpe() -> _HFAdapter:
+    """A tiny byte-level BPE trained here: emoji and CJK split into several byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return _HFAdapter(tok)
+
+
+@functools.lru_cache(maxsize=1)
+def bundled():
+    try:
+        from localradix.loader.tokenizer import load_tokenizer
+
+        return load_tokenizer(None)
+    except Exception as exc:  # the loader or the bundled model may be absent
+        pytest.skip(f"bundled tokenizer unavailable: {exc}")
+
+
+@pytest.fixture(params=["small_bpe", "bundled"])
+def tokenizer(request):
+    return small_bpe() if request.param == "small_bpe" else bundled()
+
+
+def stream(tok, ids, chunk=1, stop=(), matched_stop=None):
+    detok = IncrementalDetokenizer(tok, stop=stop)
+    deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    deltas.append(detok.finish(matched_stop))
+    return deltas
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_deltas_add_up_and_never_break_a_character(tokenizer, text, chunk):
+    ids = tokenizer.encode(text)
+    deltas = stream(tokenizer, ids, chunk)
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_emoji_split_across_tokens_is_emitted_whole(tokenizer):
+    ids = tokenizer.encode("🎉")
+    assert len(ids) > 1, "the emoji must span several tokens for this test to mean anything"
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = [detok.add([i]) for i in ids]
+    assert deltas[:-1] == [""] * (len(ids) - 1) and deltas[-1] == "🎉"
+
+
+def test_stop_string_split_across_tokens_is_cut_and_never_shown(tokenizer):
+    text = "The quick brown fox says STOP and then more text"
+    ids = tokenizer.encode(text)
+    detok = IncrementalDetokenizer(tokenizer, stop=["STOP"])
+    shown = ""
+    for i in ids:
+        shown += detok.add([i])
+        assert "S" not in shown.removeprefix("The quick brown fox s"), shown
+    shown += detok.finish("STOP")
+    assert shown == "The quick brown fox says "
+
+
+def test_possible_stop_prefix_is_held_then_released(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, stop=["STOP"])
+    shown = detok.add(tokenizer.encode("a STO"))
+    assert shown == "a "  # "STO" might start "STOP"
+    shown += detok.add(tokenizer.encode("mp"))
+    assert shown == "a STOmp"
+    assert detok.finish(None) == ""
+
+
+def test_earliest_of_several_stop_strings_wins(tokenizer):
+    deltas = stream(tokenizer, tokenizer.encode("one two three four"), stop=("four", "two"))
+    assert "".join(deltas) == "one "
+
+
+def test_stop_string_in_the_last_chunk_is_cut(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, stop=[" world"])
+    shown = detok.add(tokenizer.encode("hello there"))
+    shown += detok.add(tokenizer.encode(" world and more"))
+    assert shown + detok.finish(" world") == "hello there"
+
+
+def test_nothing_after_a_stop(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, stop=["x"])
+    assert detok.add(tokenizer.encode("abxcd")) == "ab"
+    assert detok.add(tokenizer.encode("more")) == ""
+    assert detok.finish("x") == ""
+    assert detok.output_text == "ab"
+
+
+def test_special_tokens_skipped_or_kept():
+    tok = small_bpe()
+    ids = tok.encode("hi") + list(tok.eos_token_ids)
+    assert "".join(stream(tok, ids)) == "hi"
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
+    assert detok.add(ids) + detok.finish() == "hi<eos>"
+
+
+def test_garbage_bytes_are_not_held_forever():
+    tok = small_bpe()
+    lone = tok.encode("é")[-1:]  # a UTF-8 continuation byte on its own
+    detok = IncrementalDetokenizer(tok)
+    shown = "".join(detok.add(lone) for _ in range(40))
+    assert shown.count("\ufffd") >= 30
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=40), chunk=st.integers(1, 4), stop=st.sampled_from(["", "ab", "é"]))
+def test_property_stream_equals_full_decode_cut_at_stop(text, chunk, stop):
+    tok = small_bpe()
+    ids = tok.encode(text)
+    full = tok.decode(ids)
+    expected = full[: full.find(stop)] if stop and stop in full else full
+    got = "".join(stream(tok, ids, chunk, stop=(stop,) if stop else ()))
+    assert got == expected
