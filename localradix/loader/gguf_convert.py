@@ -97,16 +97,20 @@ def _write_weights(path: Path, reader: Any, label: str) -> None:
     header = _safetensors_header(plan)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     bar = tqdm(total=total, unit="w", unit_scale=True, desc=f"Converting {label} (first run)")
-    with open(tmp, "wb") as f, bar:
-        f.write(header)
-        for name, t, dtype in plan:
-            array = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
-            heads = qk_heads(meta, name)
-            if heads is not None:
-                array = _unpermute(array, heads)
-            f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
-            bar.update(int(t.n_elements))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f, bar:
+            f.write(header)
+            for name, t, dtype in plan:
+                shape = tuple(reversed(t.shape.tolist()))
+                array = dequantize(t.data, t.tensor_type).reshape(shape)
+                heads = qk_heads(meta, name)
+                if heads is not None:
+                    array = _unpermute(array, heads)
+                f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
+                bar.update(int(t.n_elements))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left behind when the conversion failed
 
 
 def _unpermute(array: np.ndarray, heads: int) -> np.ndarray:

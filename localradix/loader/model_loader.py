@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from localradix.models.registry import get_model_class
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger("localradix.loader")
 
 
 def load_model_config(source: ModelSource | str | None) -> ModelConfig:
@@ -43,6 +46,14 @@ def load_model(
     source = _as_source(source)
     folder = source.path if source.kind == "hf" else _converted(source.path)
     config = ModelConfig.from_hf_dict(read_config(folder))
+    window = config.sliding_window
+    if window is not None and window < (max_positions or config.max_position_embeddings):
+        logger.warning(
+            "%s uses sliding-window attention (%d tokens), which is not applied: "
+            "outputs past that length differ from the reference",
+            source.name,
+            window,
+        )
     model_class = get_model_class(config.architecture)
     model = model_class(config, resolve_dtype(dtype, device), device, max_positions)
     model.load_weights(iter_weights(folder))
