@@ -1,0 +1,174 @@
+"""The dashboard's text panels: header, banner, KV memory, hit rate, throughput, status line.
+
+Each panel keeps the latest `View` and renders it at its current size, so bars and sparklines
+fill whatever width the terminal gives them. Colours are theme variables (`$text-success`, ...)
+that Textual resolves for dark and light themes alike; glyphs differ too, for monochrome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from textual.content import Content
+from textual.markup import escape
+from textual.widget import Widget
+
+from localradix.tui import fmt
+from localradix.tui.spark import bar_cells, spark_rows
+from localradix.tui.stats import Stats
+from localradix.tui.system import SystemSample
+from localradix.tui.trends import Trends
+
+USED, CACHED, FREE = "$text-warning", "$text-success", "$text-muted"
+
+
+@dataclass
+class View:
+    """Everything a panel may show; the app builds one per update."""
+
+    stats: Stats = field(default_factory=Stats)
+    trends: Trends = field(default_factory=Trends)
+    system: SystemSample = field(default_factory=SystemSample)
+    url: str = ""
+    connected: bool = False
+    paused: bool = False
+
+
+class Panel(Widget):
+    """A widget that renders `lines(view, width)` as markup."""
+
+    DEFAULT_CSS = "Panel { height: auto; }"
+
+    def __init__(self, title: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.view = View()
+        if title:
+            self.border_title = title
+
+    def show(self, view: View) -> None:
+        self.view = view
+        self.refresh(layout=False)
+
+    def render(self) -> Content:
+        width = max(self.content_size.width, 1)
+        return Content.from_markup("\n".join(self.lines(self.view, width)))
+
+    def lines(self, view: View, width: int) -> list[str]:
+        raise NotImplementedError
+
+
+class HeaderBar(Panel):
+    def lines(self, view: View, width: int) -> list[str]:
+        m = view.stats.model
+        if view.paused:
+            state = "[reverse $text-warning] PAUSED [/]"
+        elif view.connected:
+            state = "[$text-success]● live[/]"
+        else:
+            state = "[$text-error]○ offline[/]"
+        hw = " · ".join(escape(fmt.text(m.get(k), 12)) for k in ("backend", "device", "dtype"))
+        up = f"up {fmt.uptime(view.stats.uptime_s)}"
+        room = width - _width(state) - 1
+        for brand, name_width in (("[b]localradix[/]", 28), ("", 28), ("", 16)):
+            name = escape(fmt.text(m.get("name"), name_width))
+            left = " │ ".join(p for p in (brand, name, hw, up) if p)
+            if _width(left) <= room:
+                break
+        gap = width - _width(left) - _width(state)
+        return [f"{left}{' ' * max(gap, 1)}{state}"]
+
+
+class Banner(Panel):
+    """Shown only while the server cannot be reached."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.message = ""
+
+    def set_message(self, message: str) -> None:
+        if message == self.message and self.display == bool(message):
+            return
+        self.message = message
+        self.display = bool(message)
+        self.refresh()
+
+    def lines(self, view: View, width: int) -> list[str]:
+        return [escape(self.message)]
+
+
+class KvPanel(Panel):
+    def lines(self, view: View, width: int) -> list[str]:
+        s = view.stats
+        used, cached, free = s.get("kv_used"), s.get("kv_cached"), s.get("kv_free")
+        total = s.get("kv_total")
+        self.border_title = f"KV memory · {fmt.count(total)} tok"
+        cells = bar_cells([used, cached, free], width)
+        bar = "".join(
+            f"[{style}]{glyph * n}[/]"
+            for style, glyph, n in zip((USED, CACHED, FREE), "█▓░", cells, strict=True)
+            if n
+        )
+        bar = bar or f"[{FREE}]{'░' * width}[/]"
+
+        def row(style: str, glyph: str, label: str, v: float | None) -> str:
+            share = v / total if v is not None and total else None
+            return f"[{style}]{glyph}[/] {label:<7}{fmt.count(v):>7} {fmt.pct(share):>5}"
+
+        return [
+            bar,
+            row(USED, "█", "used", used),
+            row(CACHED, "▓", "cached", cached),
+            row(FREE, "░", "free", free),
+        ]
+
+
+class HitRatePanel(Panel):
+    def lines(self, view: View, width: int) -> list[str]:
+        s, now = view.stats, view.trends.hit_rate_now
+        now_text = f"[b $text-success]{fmt.pct(now)}[/]" if now is not None else "[dim]idle[/]"
+        spark = spark_rows(view.trends.hit_series(), width, 2, top=1.0)
+        hit, miss = s.get("cache_hit_tokens"), s.get("cache_miss_tokens")
+        return [
+            f"now {now_text}  total {fmt.pct(s.hit_rate_total)}",
+            *(f"[$text-success]{r}[/]" for r in spark),
+            f"[dim]hit {fmt.count(hit)} · miss {fmt.count(miss)}[/]",
+        ]
+
+
+class ThroughputPanel(Panel):
+    def lines(self, view: View, width: int) -> list[str]:
+        s, t = view.stats, view.trends
+        return [
+            f"prefill [b]{fmt.rate(s.get('prefill_tokens_per_s'))}[/]",
+            f"[$text-primary]{spark_rows(t.prefill_series(), width)[0]}[/]",
+            f"decode  [b]{fmt.rate(s.get('decode_tokens_per_s'))}[/]",
+            f"[$text-warning]{spark_rows(t.decode_series(), width)[0]}[/]",
+        ]
+
+
+class StatusLine(Panel):
+    """Queue, retractions and host figures in one line; less important parts drop first."""
+
+    def lines(self, view: View, width: int) -> list[str]:
+        s, sy = view.stats, view.system
+        retr = s.get("retractions")
+        retr_style = "$text-error" if retr else "dim"
+        parts = [
+            f"running [b]{fmt.count(s.get('running'))}[/]",
+            f"waiting [b]{fmt.count(s.get('queued'))}[/]",
+            f"[{retr_style}]retractions {fmt.count(retr)}[/]",
+        ]
+        if sy.source != "none":
+            parts.append(f"CPU {fmt.count(sy.cpu_percent)}%")
+            parts.append(f"RAM {fmt.gib(sy.ram_used)}/{fmt.gib(sy.ram_total)}")
+        if sy.device_total is not None:
+            parts.append(f"dev {fmt.gib(sy.device_used)}/{fmt.gib(sy.device_total)}")
+        if sy.proc_rss is not None:
+            parts.append(f"server {fmt.gib(sy.proc_rss)} {fmt.count(sy.proc_cpu)}%")
+        while len(parts) > 3 and _width(" │ ".join(parts)) > width:
+            parts.pop()
+        return [" │ ".join(parts)]
+
+
+def _width(markup: str) -> int:
+    return Content.from_markup(markup).cell_length
