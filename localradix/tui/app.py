@@ -73,8 +73,10 @@ class LocalRadixApp(App):
         clock: Callable[[], float] = time.time,
         system_interval: float = 1.0,
         theme: str | None = None,
+        chat_max_tokens: int = 512,
     ) -> None:
         super().__init__()
+        self.chat_max_tokens = chat_max_tokens
         self.feed, self.api, self.server, self.clock = feed, api, server, clock
         self.probe = probe or SystemProbe(local=False)
         self.system_interval = system_interval
@@ -102,7 +104,7 @@ class LocalRadixApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.install_screen(ChatScreen(), "chat")
+        self.install_screen(ChatScreen(self.chat_max_tokens), "chat")
         self.set_banner(self.waiting_message("connecting"))
         self.sample_system()
         self.set_interval(self.system_interval, self.sample_system)

@@ -53,6 +53,7 @@ async def test_batch_and_hit_rate_change_under_requests(server):
     from localradix.tui.main import make_app
 
     app = make_app(server.url, None, server=server)
+    app.chat_max_tokens = 8
     seen_rows, seen_batch_text = 0, False
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await pilot.pause(0.5)
@@ -94,3 +95,15 @@ async def test_batch_and_hit_rate_change_under_requests(server):
                 break
         assert [n.message for n in app._notifications][-1] == "radix cache flushed"
         assert app.stats.get("kv_cached") == 0
+
+        await pilot.press("c")  # two chat turns: the second one's prompt comes from the cache
+        for turn, question in enumerate(("Name a colour.", "And another one?"), start=1):
+            await pilot.press(*question, "enter")
+            for _ in range(1200):
+                await pilot.pause(0.1)
+                if len(app.screen.usages) == turn:
+                    break
+            assert len(app.screen.usages) == turn, screen_text(app)
+        first, second = app.screen.usages
+        assert second.cached_tokens and second.cached_tokens >= first.prompt_tokens - 1
+        assert f"cached {second.cached_tokens} (" in screen_text(app)
