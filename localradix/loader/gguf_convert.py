@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from localradix.loader.gguf_file import GGUFFile, GGUFTensor, read_gguf
+
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
 # Quantized tensors of models up to this many parameters are cached in float32 (exact);
@@ -46,7 +48,7 @@ def ensure_gguf_tokenizer(gguf_path: Path) -> Path:
     """The cache folder with config and tokenizer files (no weights) for this GGUF."""
     folder = cache_dir_for(gguf_path)
     if not (folder / "tokenizer.json").is_file() or not (folder / "config.json").is_file():
-        _write_metadata_files(folder, _open(gguf_path))
+        _write_metadata_files(folder, read_gguf(gguf_path))
     return folder
 
 
@@ -55,26 +57,19 @@ def ensure_gguf_model(gguf_path: Path) -> Path:
     folder = cache_dir_for(gguf_path)
     if (folder / WEIGHTS_FILE).is_file() and (folder / "config.json").is_file():
         return folder
-    reader = _open(gguf_path)
+    gguf = read_gguf(gguf_path)
     if not (folder / "config.json").is_file():
-        _write_metadata_files(folder, reader)
-    _write_weights(folder / WEIGHTS_FILE, reader, Path(gguf_path).name)
+        _write_metadata_files(folder, gguf)
+    _write_weights(folder / WEIGHTS_FILE, gguf, Path(gguf_path).name)
     return folder
 
 
-def _open(gguf_path: Path) -> Any:
-    from gguf import GGUFReader
-
-    return GGUFReader(str(gguf_path))
-
-
-def _write_metadata_files(folder: Path, reader: Any) -> None:
-    from localradix.loader.gguf_metadata import eos_token_ids, hf_config, read_metadata
+def _write_metadata_files(folder: Path, gguf: GGUFFile) -> None:
+    from localradix.loader.gguf_metadata import eos_token_ids, hf_config
     from localradix.loader.gguf_tokenizer import build_gguf_tokenizer
 
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    config = hf_config(meta, names)
+    meta = gguf.metadata
+    config = hf_config(meta, {t.name for t in gguf.tensors})
     tokenizer, tokenizer_config = build_gguf_tokenizer(meta)
     folder.mkdir(parents=True, exist_ok=True)
     _atomic_write(folder / "tokenizer.json", tokenizer.to_str().encode())
@@ -83,16 +78,14 @@ def _write_metadata_files(folder: Path, reader: Any) -> None:
     _write_json(folder / "config.json", config)  # last: its presence marks the set complete
 
 
-def _write_weights(path: Path, reader: Any, label: str) -> None:
-    from gguf.quants import dequantize
+def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
     from tqdm import tqdm
 
-    from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, read_metadata
+    from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, unpermute_qk
 
-    meta = read_metadata(reader)
-    tensors = [(hf_tensor_name(t.name), t) for t in reader.tensors]
+    tensors = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
     tensors = [(name, t) for name, t in tensors if name is not None]
-    total = sum(int(t.n_elements) for _, t in tensors)
+    total = sum(t.n_elements for _, t in tensors)
     plan = [(name, t, _cache_dtype(t, total)) for name, t in tensors]
     header = _safetensors_header(plan)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -101,41 +94,34 @@ def _write_weights(path: Path, reader: Any, label: str) -> None:
         with open(tmp, "wb") as f, bar:
             f.write(header)
             for name, t, dtype in plan:
-                shape = tuple(reversed(t.shape.tolist()))
-                array = dequantize(t.data, t.tensor_type).reshape(shape)
-                heads = qk_heads(meta, name)
+                array = t.dequantize()
+                heads = qk_heads(gguf.metadata, name)
                 if heads is not None:
-                    array = _unpermute(array, heads)
+                    array = unpermute_qk(array, heads)
                 f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
-                bar.update(int(t.n_elements))
+                bar.update(t.n_elements)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left behind when the conversion failed
 
 
-def _unpermute(array: np.ndarray, heads: int) -> np.ndarray:
-    from localradix.loader.gguf_metadata import unpermute_qk
-
-    return unpermute_qk(array, heads)
-
-
-def _cache_dtype(tensor: Any, total_params: int) -> np.dtype:
+def _cache_dtype(tensor: GGUFTensor, total_params: int) -> np.dtype:
     from gguf import GGMLQuantizationType as Q
 
-    if tensor.tensor_type == Q.F16:
+    if tensor.qtype == Q.F16:
         return np.dtype(np.float16)
-    if tensor.tensor_type == Q.F32 or total_params <= FLOAT32_CACHE_MAX_PARAMS:
+    if tensor.qtype == Q.F32 or total_params <= FLOAT32_CACHE_MAX_PARAMS:
         return np.dtype(np.float32)
     return np.dtype(np.float16)  # BF16 and quantized tensors of big models
 
 
-def _safetensors_header(plan: list[tuple[str, Any, np.dtype]]) -> bytes:
+def _safetensors_header(plan: list[tuple[str, GGUFTensor, np.dtype]]) -> bytes:
     """The safetensors header for tensors written back to back in `plan` order."""
     codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
     entries: dict[str, Any] = {"__metadata__": {"format": "pt", "source": "gguf"}}
     offset = 0
     for name, t, dtype in plan:
-        shape = [int(d) for d in reversed(t.shape.tolist())]
+        shape = [int(d) for d in t.shape]
         size = int(np.prod(shape)) * dtype.itemsize
         entries[name] = {
             "dtype": codes[dtype],

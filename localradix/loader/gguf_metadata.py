@@ -41,11 +41,6 @@ _LAYER_NAMES = {
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def read_metadata(reader: Any) -> dict[str, Any]:
-    """All key/value fields of a `gguf.GGUFReader` as Python values."""
-    return {name: field.contents() for name, field in reader.fields.items()}
-
-
 def architecture_of(meta: dict[str, Any]) -> tuple[str, str, bool]:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:

@@ -133,13 +133,18 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF parameter name, tensor) pairs in, fusing qkv and gate_up; checks coverage."""
         loader = WeightLoader(self)
-        for name, tensor in weights:
-            if name == "model.rotary_emb.freq_factors":  # GGUF `rope_freqs`: rebuild the table
-                self.rotary = RotaryTable(
-                    self.config, self.dtype, self.device, self.max_positions, tensor
-                )
-                continue
-            loader.load(name, tensor)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # memory-bound copies; more threads only stall on a busy CPU
+        try:
+            for name, tensor in weights:
+                if name == "model.rotary_emb.freq_factors":  # GGUF `rope_freqs`: rebuild table
+                    self.rotary = RotaryTable(
+                        self.config, self.dtype, self.device, self.max_positions, tensor
+                    )
+                    continue
+                loader.load(name, tensor)
+        finally:
+            torch.set_num_threads(threads)
         loader.check_complete()
         for layer in self.layers:
             layer.finalize()

@@ -40,6 +40,16 @@ CONVERSATION = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a small shared CPU, two OpenMP threads stall whenever another process takes a core;
+    one thread keeps this module's runtime steady. (Speed is measured elsewhere.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """Our model, loaded twice (converting, then from the cache), with the timings."""
@@ -129,9 +139,9 @@ def _reference_model() -> torch.nn.Module:
     """
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = transformers.AutoConfig.from_pretrained(
-        str(SOURCE.path.parent), gguf_file=SOURCE.path.name
-    )
+    parsed = load_gguf_checkpoint(str(SOURCE.path), return_tensors=False)["config"]
+    parsed = {k: v for k, v in parsed.items() if not k.startswith("_")}
+    config = transformers.AutoConfig.for_model(**parsed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = load_gguf_checkpoint(str(SOURCE.path), return_tensors=True, model_to_load=model)
     result = model.load_state_dict(state["tensors"], strict=False)
