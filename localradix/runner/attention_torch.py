@@ -2,7 +2,8 @@
 
 Per layer: K/V of the new tokens go to the cache with one `index_copy_`; all decode requests
 (one new token each) run as ONE batched SDPA over K/V gathered into a padded [B, L] slot table
-with a key-padding mask; each extend (prefill) request runs as its own SDPA with a causal mask
+with a key-padding mask (split into a few calls only when the gathered K/V would pass
+`decode_gather_bytes`); each extend (prefill) request runs as its own SDPA with a causal mask
 shifted by its cached prefix length (plain `is_causal` when it has no prefix).
 """
 
@@ -34,6 +35,9 @@ class _ExtendPlan:
 
 
 class TorchNativeAttention(AttentionBackend):
+    # Most gathered decode K+V bytes per SDPA call; bigger decode batches are split.
+    decode_gather_bytes = 64 * 2**20
+
     def __init__(
         self,
         num_layers: int,
@@ -49,7 +53,7 @@ class TorchNativeAttention(AttentionBackend):
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self._num_tokens = 0
         self._out_slots = torch.zeros(0, dtype=torch.long)
-        self._decode: _DecodePlan | None = None
+        self._decodes: list[_DecodePlan] = []
         self._extends: list[_ExtendPlan] = []
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -57,7 +61,7 @@ class TorchNativeAttention(AttentionBackend):
         self._out_slots = self._tensor(batch.out_slots)
         is_decode = batch.extend_lens == 1
         decode_reqs = np.flatnonzero(is_decode)
-        self._decode = self._plan_decode(batch, decode_reqs) if len(decode_reqs) else None
+        self._decodes = self._plan_decodes(batch, decode_reqs) if len(decode_reqs) else []
         self._extends = [self._plan_extend(batch, i) for i in np.flatnonzero(~is_decode)]
 
     def forward(
@@ -67,14 +71,14 @@ class TorchNativeAttention(AttentionBackend):
         k_cache.index_copy_(0, self._out_slots, k)
         v_cache.index_copy_(0, self._out_slots, v)
         num_tokens, num_heads, head_dim = q.shape
-        if self._decode is not None and self._decode.token_index is None:
-            return self._attend_decode(q, k_cache, v_cache, scale)  # decode-only batch
-        if len(self._extends) == 1 and self._decode is None:
+        if len(self._decodes) == 1 and self._decodes[0].token_index is None:
+            return self._attend_decode(self._decodes[0], q, k_cache, v_cache, scale)
+        if len(self._extends) == 1 and not self._decodes:
             return self._attend_extend(self._extends[0], q, k, v, k_cache, v_cache, scale)
         out = q.new_empty(num_tokens, num_heads * head_dim)
-        if self._decode is not None:
-            rows = self._decode.token_index
-            out[rows] = self._attend_decode(q[rows], k_cache, v_cache, scale)
+        for group in self._decodes:
+            rows = group.token_index
+            out[rows] = self._attend_decode(group, q[rows], k_cache, v_cache, scale)
         for plan in self._extends:
             out[plan.start : plan.end] = self._attend_extend(plan, q, k, v, k_cache, v_cache, scale)
         return out
@@ -82,10 +86,13 @@ class TorchNativeAttention(AttentionBackend):
     # -- per-group attention -------------------------------------------------------------
 
     def _attend_decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        plan: _DecodePlan,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
-        plan = self._decode
-        assert plan is not None
         batch = q.shape[0]
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
             keys, values = k_cache[plan.slots].unsqueeze(0), v_cache[plan.slots].unsqueeze(0)
@@ -132,9 +139,20 @@ class TorchNativeAttention(AttentionBackend):
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
-    def _plan_decode(self, batch: ForwardBatch, reqs: np.ndarray) -> _DecodePlan:
-        all_rows = len(reqs) == batch.num_reqs
-        token_index = None if all_rows else self._tensor(batch.qo_indptr[reqs])
+    def _plan_decodes(self, batch: ForwardBatch, reqs: np.ndarray) -> list[_DecodePlan]:
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        width = int(batch.seq_lens[reqs].max())
+        group = max(1, self.decode_gather_bytes // (width * per_token))
+        if group >= len(reqs):
+            whole = len(reqs) == batch.num_reqs  # decode-only: q rows are the requests
+            return [self._plan_decode(batch, reqs, rows_are_reqs=whole)]
+        chunks = [reqs[i : i + group] for i in range(0, len(reqs), group)]
+        return [self._plan_decode(batch, chunk, rows_are_reqs=False) for chunk in chunks]
+
+    def _plan_decode(
+        self, batch: ForwardBatch, reqs: np.ndarray, rows_are_reqs: bool
+    ) -> _DecodePlan:
+        token_index = None if rows_are_reqs else self._tensor(batch.qo_indptr[reqs])
         lens = batch.seq_lens[reqs]
         starts = batch.kv_indptr[reqs]
         if len(reqs) == 1:

@@ -79,7 +79,7 @@ def test_contiguous_single_decode_uses_a_view_and_is_correct():
     world = _World(contiguous=True)
     world.step({"a": 5})
     world.step({"a": 1})
-    assert isinstance(world.attn._decode.slots, slice)
+    assert isinstance(world.attn._decodes[0].slots, slice)
     world.step({"a": 3})  # extend with a prefix
     world.step({"a": 1})
 
@@ -97,9 +97,20 @@ def test_decode_batch_of_32_is_one_call():
     world = _World(num_slots=2048)
     world.step({f"r{i}": 3 + i for i in range(32)})
     world.step({f"r{i}": 1 for i in range(32)})
-    plan = world.attn._decode
+    (plan,) = world.attn._decodes
     assert plan.token_index is None and plan.slots.shape == (32, 3 + 31 + 1)
     assert world.attn._extends == []
+
+
+def test_big_decode_batches_are_split(monkeypatch):
+    world = _World(num_slots=2048)
+    world.step({f"r{i}": 3 + i for i in range(12)} | {"x": 4})
+    bytes_per_token = 2 * HKV * D * 4
+    monkeypatch.setattr(world.attn, "decode_gather_bytes", 4 * 16 * bytes_per_token)
+    world.step({f"r{i}": 1 for i in range(12)})  # widest is 15 tokens: 4 requests per call
+    assert len(world.attn._decodes) == 3
+    world.step({f"r{i}": 1 for i in range(12)} | {"x": 5})  # with an extend mixed in
+    assert len(world.attn._decodes) == 3 and len(world.attn._extends) == 1
 
 
 def test_registry_and_sizing():
