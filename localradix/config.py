@@ -42,9 +42,7 @@ class ServerArgs:
     mem_fraction: float = _opt("fraction of free memory given to the KV pool", default=0.25)
     page_size: int = _opt("tokens per KV page", default=1)
     # Scheduling and caching
-    schedule_policy: str = _opt(
-        "waiting-queue order", default="lpm", choices=SCHEDULE_POLICIES
-    )
+    schedule_policy: str = _opt("waiting-queue order", default="lpm", choices=SCHEDULE_POLICIES)
     eviction_policy: str = _opt(
         "radix-cache eviction policy", default="lru", choices=EVICTION_POLICIES
     )
@@ -81,12 +79,13 @@ def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
         flag = "--" + f.name.replace("_", "-")
         meta = dict(f.metadata)
         kwargs: dict[str, Any] = {"help": meta.pop("help"), "default": f.default}
-        if f.type == "bool":
+        annotation = str(f.type)  # a string: this module uses postponed annotations
+        if annotation == "bool":
             kwargs["action"] = "store_true"
-        elif f.type.startswith("tuple"):
+        elif annotation.startswith("tuple"):
             kwargs["nargs"] = "*"
         else:
-            kwargs["type"] = _parse_type(f.type)
+            kwargs["type"] = _parse_type(annotation)
             kwargs.update(meta)
         parser.add_argument(flag, dest=f.name, **kwargs)
 

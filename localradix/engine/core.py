@@ -32,17 +32,14 @@ class ModelInfo:
 
 class EngineCore:
     def __init__(self, args: ServerArgs) -> None:
-        from localradix.loader import load_model, load_tokenizer, resolve_model
-        from localradix.runner.torch_runner import TorchRunner
-        from localradix.runner.dtype import resolve_device, resolve_dtype
+        from localradix.loader import load_tokenizer, resolve_model
+        from localradix.platform import build_runner
 
         started = time.monotonic()
         source = resolve_model(args.model)
         self.tokenizer = load_tokenizer(source)
-        device = resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
-        model, config = load_model(source, dtype=dtype, device=device)
-        self.runner = TorchRunner(model, config, args, device, dtype)
+        built = build_runner(args, source)  # backend from --backend; device and dtype resolved
+        self.runner, config, target = built.runner, built.config, built.target
         context_len = args.context_length or config.max_position_embeddings
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
         self.scheduler = Scheduler(
@@ -58,9 +55,9 @@ class EngineCore:
             path=str(source.path),
             context_length=context_len,
             vocab_size=config.vocab_size,
-            backend="cpu" if str(device) == "cpu" else str(device).split(":")[0],
-            device=str(device),
-            dtype=str(dtype).removeprefix("torch."),
+            backend=target.backend,
+            device=target.device,
+            dtype=target.dtype,
             kv_total_tokens=self.runner.kv_capacity,
             architecture=config.architecture,
         )

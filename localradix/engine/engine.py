@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -18,6 +19,8 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.sampling_params import SamplingParams
+
+logger = logging.getLogger("localradix.engine")
 
 Prompt = str | Sequence[int]
 
@@ -59,6 +62,7 @@ class Engine:
         self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
         self._ids = itertools.count()
         self._closed = False
+        self._dead: Exception | None = None
         self._thread = threading.Thread(target=self._loop, name="localradix-engine", daemon=True)
         self._thread.start()
 
@@ -90,7 +94,12 @@ class Engine:
         params = params or SamplingParams()
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        rid = self._submit(prompt, params, lambda o: loop.call_soon_threadsafe(outbox.put_nowait, o))
+
+        def on_output(out: RequestOutput) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(outbox.put_nowait, out)
+
+        rid = self._submit(prompt, params, on_output)
         detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop)
         finished = False
         try:
@@ -139,6 +148,10 @@ class Engine:
 
     # ---- plumbing ------------------------------------------------------------------------
 
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise RuntimeError(f"the engine loop crashed: {self._dead!r}") from self._dead
+
     def _forks(self, prompt: Prompt, params: SamplingParams) -> list[tuple[Prompt, SamplingParams]]:
         if params.n == 1:
             return [(prompt, params)]
@@ -148,6 +161,7 @@ class Engine:
     def _submit(
         self, prompt: Prompt, params: SamplingParams, on_output: Callable[[RequestOutput], None]
     ) -> str:
+        self._check_alive()
         rid = f"engine-{next(self._ids)}"
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._callbacks[rid] = on_output
@@ -182,6 +196,7 @@ class Engine:
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(core)` on the engine thread and return its result."""
+        self._check_alive()
         reply: queue.Queue[Any] = queue.Queue()
         self._inbox.put(("call", fn, reply))
         ok, value = reply.get()
@@ -190,12 +205,23 @@ class Engine:
         return value
 
     def _loop(self) -> None:
+        try:
+            self._run_loop()
+        except Exception as exc:  # a bug or a device error: fail every waiter, never hang them
+            logger.exception("engine loop crashed")
+            self._dead = exc
+            for rid, callback in list(self._callbacks.items()):
+                self._deliver(callback, RequestOutput(rid, (), True, "error", error=repr(exc)))
+            self._callbacks.clear()
+            self._drain_calls(exc)
+
+    def _run_loop(self) -> None:
         core = self.core
         while True:
             block = not core.has_work()
             try:
                 while True:
-                    msg = self._inbox.get(block=block, timeout=None)
+                    msg = self._inbox.get(block=block)
                     block = False
                     if msg is None:
                         return
@@ -204,10 +230,26 @@ class Engine:
                 pass
             for out in core.step():
                 callback = self._callbacks.get(out.rid)
-                if callback is not None:
-                    callback(out)
                 if out.finished:
                     self._callbacks.pop(out.rid, None)
+                if callback is not None:
+                    self._deliver(callback, out)
+
+    @staticmethod
+    def _deliver(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:
+        try:
+            callback(out)
+        except Exception:  # e.g. the caller's event loop closed: its problem, not the engine's
+            logger.debug("dropped output for %s", out.rid, exc_info=True)
+
+    def _drain_calls(self, exc: Exception) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, tuple):
+                msg[2].put((False, RuntimeError(f"the engine loop crashed: {exc!r}")))
 
     @staticmethod
     def _handle(core: Any, msg: Any) -> None:

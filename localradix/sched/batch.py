@@ -56,9 +56,7 @@ class ForwardBatch:
         seq = np.array([len(s) for s in slot_tables], dtype=np.int64)
         prefix = np.asarray(prefix_lens, dtype=np.int64)
         assert np.all(prefix + extend == seq), "slot table must cover prefix + new tokens"
-        positions = np.concatenate(
-            [np.arange(p, s, dtype=np.int64) for p, s in zip(prefix, seq)]
-        )
+        positions = np.concatenate([np.arange(p, s, dtype=np.int64) for p, s in zip(prefix, seq)])
         out_slots = np.concatenate([s[p:] for s, p in zip(slot_tables, prefix)]).astype(np.int64)
         return ForwardBatch(
             input_ids=np.concatenate(input_ids).astype(np.int64),

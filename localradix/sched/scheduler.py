@@ -15,8 +15,9 @@ import numpy as np
 
 from localradix.config import ServerArgs
 from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
-from localradix.mem.radix_cache import RadixCache, check_invariants
+from localradix.mem.radix_cache import RadixCache
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
 from localradix.sched.batch import ForwardBatch
 from localradix.sched.policy import PrefillBudget, order_waiting
