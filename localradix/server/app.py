@@ -108,6 +108,7 @@ class ServerState:
             "model": self.client.info,
             "uptime_s": time.time() - self.started,
             "engine_alive": self.client.alive,
+            "engine_pid": self.client.pid,
             "engine": stats,
             "server": {
                 "in_flight": self.manager.in_flight if self.manager else 0,

@@ -120,6 +120,7 @@ def engine_main(
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
     )
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)

@@ -11,8 +11,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-# JSON integers are unbounded; everything past the engine stays within int64.
+# JSON integers are unbounded; everything past the engine stays within int64. The ranges below
+# mirror SamplingParams.validate, so the OpenAPI schema documents them.
 Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+StopString = Annotated[str, Meta(min_length=1)]
 
 # ---- requests -------------------------------------------------------------------------------
 
@@ -38,18 +42,18 @@ class ChatMessage(Struct):
 class _SamplingFields(Struct, kw_only=True):
     """The sampling knobs both endpoints share (OpenAI's plus common vLLM/SGLang extensions)."""
 
-    model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    model: str | None = None  # None: the served model
+    temperature: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
     seed: Int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Int] | None = None
-    n: Int = 1
+    stop: StopString | Annotated[list[StopString], Meta(max_length=16)] | None = None
+    stop_token_ids: list[Count] | None = None
+    n: Annotated[int, Meta(ge=1, le=64)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -59,11 +63,11 @@ class _SamplingFields(Struct, kw_only=True):
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    messages: list[ChatMessage]
-    max_tokens: Int | None = None
-    max_completion_tokens: Int | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: Int | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -72,12 +76,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     # A string, a list of strings, a list of token ids, or a list of token-id lists.
-    prompt: str | list[str | Int | list[Int]]
-    max_tokens: Int | None = 16
+    prompt: str | Annotated[list[str | Count | list[Count]], Meta(min_length=1)]
+    max_tokens: Count | None = 16
     echo: bool = False
-    logprobs: Int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     suffix: str | None = None
-    best_of: Int | None = None
+    best_of: Annotated[int, Meta(ge=1, le=64)] | None = None
 
 
 # ---- responses ------------------------------------------------------------------------------

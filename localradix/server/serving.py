@@ -69,9 +69,9 @@ def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def check_model(manager: TokenizerManager, model: str) -> None:
+def check_model(manager: TokenizerManager, model: str | None) -> None:
     served = manager.client.info.get("name")
-    if model != served:
+    if model is not None and model != served:
         raise APIError(
             404,
             f"the model '{model}' does not exist; this server serves '{served}'",

@@ -204,7 +204,12 @@ BAD = [
     ("not an object", b"[1, 2]", 400, None),
     ("empty body", b"", 400, None),
     ("missing messages", {"model": MODEL}, 400, None),
-    ("wrong type", {"model": MODEL, "messages": [], "max_tokens": "ten"}, 400, "max_tokens"),
+    (
+        "wrong type",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
+        400,
+        "max_tokens",
+    ),
     ("wrong nested type", {"model": MODEL, "messages": [{"role": 1}]}, 400, "messages[0].role"),
     ("empty messages", {"model": MODEL, "messages": []}, 400, "messages"),
     (
@@ -263,7 +268,7 @@ BAD = [
         "empty stop",
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [""]},
         400,
-        "stop",
+        "stop[0]",
     ),
     (
         "image part",
@@ -341,7 +346,7 @@ BAD_COMPLETIONS = [
     ({"model": MODEL, "prompt": []}, "prompt"),
     ({"model": MODEL, "prompt": [1, "a"]}, "prompt"),
     ({"model": MODEL, "prompt": [100000]}, "prompt"),
-    ({"model": MODEL, "prompt": [-1]}, "prompt"),
+    ({"model": MODEL, "prompt": [-1]}, "prompt[0]"),
     ({"model": MODEL, "prompt": "x", "logprobs": 9}, "logprobs"),
     ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
     ({"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
@@ -554,3 +559,35 @@ def test_fake_load_failure_exits_nonzero_with_the_reason():
     )
     assert r.returncode == 1
     assert "nonexistent" in r.stdout + r.stderr
+
+
+def test_fake_schemathesis_cli_finds_no_server_errors(fake_server):
+    """The schemathesis CLI, all phases, against the server's own OpenAPI schema: no 5xx."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("schemathesis", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("schemathesis is not installed")
+    cmd = [
+        exe,
+        "run",
+        fake_server.url + "/schema/openapi.json",
+        "--checks",
+        "not_a_server_error",
+        "--max-examples",
+        "25",
+        "--request-timeout",
+        "10",
+        "--seed",
+        "1",
+        "--workers",
+        "2",
+        "--exclude-path",
+        "/v1/stats/stream",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    assert wait_until(lambda: idle(fake_server), timeout=30)

@@ -1,0 +1,256 @@
+"""End to end: `localradix serve` on the bundled SmolLM2-135M-Instruct, driven by the real
+`openai` SDK (one server per module, small KV pool), plus a schemathesis run against the
+server's own OpenAPI schema, and the engine process dying under it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from server_harness import start_server, wait_until
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = start_server(["--max-total-tokens", "16384", "--max-running-requests", "16"], fake=False)
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def stats(server) -> dict:
+    return httpx.get(server.base + "/stats", timeout=10).json()
+
+
+def engine_idle(server) -> bool:
+    s = stats(server)
+    engine = s["engine"] or {}
+    return (
+        s["server"]["in_flight"] == 0 and engine.get("running") == 0 and engine.get("kv_used") == 0
+    )
+
+
+def test_chat_greedy(client, model):
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=30, temperature=0)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 10 and 0 < r.usage.completion_tokens <= 30
+
+
+def test_chat_stream_matches_non_stream_and_reports_usage(client, model):
+    kw = dict(model=model, messages=QUESTION, max_tokens=30, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    # the same prompt again: its prefix comes from the radix cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_cached_tokens_on_a_repeated_prompt(client, model):
+    messages = [{"role": "user", "content": "Tell me about radix trees. " * 20}]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    second = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    assert first.usage.prompt_tokens == second.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens - 1
+    assert first.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions(client, model, stream):
+    kw = dict(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    if stream:
+        text = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    else:
+        text = client.completions.create(**kw).choices[0].text
+    assert "Paris" in text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string(client, model, stream):
+    kw = dict(model=model, messages=QUESTION, max_tokens=30, temperature=0, stop=["France"])
+    if stream:
+        chunks = client.chat.completions.create(stream=True, **kw)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        r = client.chat.completions.create(**kw)
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop"
+    assert "France" not in text and "Paris" not in text
+    assert text.startswith("The capital of")
+
+
+def test_n_and_seed_reproducibility(client, model):
+    kw = dict(model=model, messages=QUESTION, max_tokens=6, temperature=1.0, seed=1234, n=3)
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    texts = [c.message.content for c in a.choices]
+    assert texts == [c.message.content for c in b.choices]
+    assert all(texts)
+
+
+def test_logprobs(client, model):
+    r = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert 0 < len(content) <= 6
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+    # greedy: the chosen token is the most likely one
+    assert content[0].token == content[0].top_logprobs[0].token
+    r = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+
+
+def test_disconnect_aborts_and_frees_kv(server, model):
+    body = {
+        "model": model,
+        "prompt": "Count to one thousand: 1, 2, 3,",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", server.base + "/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        assert stats(server)["server"]["in_flight"] == 1
+    assert wait_until(lambda: engine_idle(server), timeout=15), stats(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base + "/completions", json={**body, "stream": False}, timeout=1.5)
+    assert wait_until(lambda: engine_idle(server), timeout=15), stats(server)
+
+
+BAD = [
+    (b"{not json", 400),
+    (b'{"prompt": 5}', 400),
+    (b'{"model": "nope", "prompt": "x"}', 404),
+    (b'{"prompt": "x", "temperature": 7e9}', 400),
+    (b'{"prompt": "x", "n": 1000}', 400),
+    (b'{"prompt": "x", "max_tokens": -1}', 400),
+    (b'{"prompt": [1, 2, 999999]}', 400),
+    (
+        b'{"prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}',
+        400,
+    ),
+]
+
+
+@pytest.mark.parametrize("body,status", BAD)
+def test_bad_input_is_a_clear_4xx_and_the_server_stays_healthy(server, body, status):
+    r = httpx.post(
+        server.base + "/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == status, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_prompt_longer_than_the_context(client, model):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt="hello " * 9000, max_tokens=1)
+    message = info.value.body["message"]
+    assert "8192" in message and "9000" in message or "9001" in message
+
+
+def test_metrics_after_traffic(server):
+    text = httpx.get(server.url + "/metrics").text
+    assert "localradix_time_to_first_token_seconds_count" in text
+    count = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("localradix_e2e_request_latency_seconds_count")
+    ]
+    assert int(float(count[0].split()[-1])) > 0
+
+
+def _within_budget(body: object) -> None:
+    """Bound the generation a case asks for (a CPU decodes a few dozen tokens a second) and
+    drop the random model name so that valid bodies reach the engine."""
+    if not isinstance(body, dict):
+        return
+    body.pop("model", None)
+    for key in ("max_tokens", "max_completion_tokens"):
+        if not isinstance(body.get(key), int) or body[key] > 8:
+            body[key] = 8
+    if isinstance(body.get("n"), int) and body["n"] > 2:
+        body["n"] = 2
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_schemathesis_finds_no_server_errors(server, mode):
+    """Cases generated from the server's own OpenAPI schema never get a 5xx. Generation is
+    bounded here; test_fake_server.py runs the full schemathesis CLI against a fake engine."""
+    url = server.url + "/schema/openapi.json"
+    schema = schemathesis.openapi.from_url(url).exclude(path="/v1/stats/stream")
+    statuses: list[int] = []
+
+    @given(case=schema.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
+    def check(case):
+        if mode == GenerationMode.POSITIVE:
+            _within_budget(case.body)
+        try:
+            response = case.call(timeout=30)
+        except requests.exceptions.Timeout:
+            return  # the client gives up; the server aborts the request (checked below)
+        statuses.append(response.status_code)
+        assert response.status_code < 500, response.text
+
+    check()
+    assert 200 in statuses or mode == GenerationMode.NEGATIVE
+
+
+def test_healthy_and_idle_after_the_fuzzing(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert wait_until(lambda: engine_idle(server), timeout=60), stats(server)
+
+
+def test_engine_death_gives_503_and_a_nonzero_exit():
+    server = start_server(["--max-total-tokens", "4096"], fake=False)
+    try:
+        pid = stats(server)["engine_pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        r = httpx.post(server.base + "/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503
+        assert "engine process exited" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 503
+        assert server.proc.wait(20) == 1
+    finally:
+        server.stop(signal.SIGKILL)
