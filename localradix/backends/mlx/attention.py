@@ -1,0 +1,159 @@
+"""Paged attention over MLX KV arrays, the MLX twin of `runner/attention_torch.py`.
+
+Each layer keeps K and V as MLX arrays [num_slots + 1, Hkv, D] indexed by the shared pool's
+slots (slot 0 is the padding dummy), so radix matches, eviction and retraction work exactly as
+on torch. Per layer: the new tokens' K/V are scattered to `out_slots`; all decode requests run
+as one batched SDPA over K/V gathered into a padded [B, L] slot table; each extend request runs
+its own SDPA with a causal mask shifted by its cached prefix (plain "causal" without a prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from localradix.sched.batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    rows: np.ndarray  # [B] rows of q that are decode tokens
+    row_index: mx.array | None  # the same as an MLX array; None = every row of q
+    slots: mx.array | slice  # [B, L] padded slot table, or a slice for one contiguous request
+    mask: mx.array | None  # bool [B, 1, 1, L]: True = attend; None = no padding
+
+
+@dataclass(frozen=True)
+class _ExtendPlan:
+    start: int  # first row of this request's new tokens in q
+    end: int
+    slots: mx.array | None  # [S] slots of prefix + new tokens; None = no prefix (use k/v)
+    mask: mx.array | None  # bool [E, S] causal mask offset by the prefix
+
+
+def _ints(array: np.ndarray) -> mx.array:
+    return mx.array(np.ascontiguousarray(array, dtype=np.int32))
+
+
+class MLXPagedAttention:
+    """Same protocol as `runner.attention.AttentionBackend`: prepare(batch), then forward per layer."""
+
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, dtype: mx.Dtype
+    ) -> None:
+        shape = (num_slots + 1, num_kv_heads, head_dim)
+        self.num_slots = num_slots
+        self.k_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.k_cache, self.v_cache)
+        self._out_slots = _ints(np.zeros(0))
+        self._decode: _DecodePlan | None = None
+        self._extends: list[_ExtendPlan] = []
+        self._order: mx.array | None = None  # rows of the concatenated pieces, in token order
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+    def state(self) -> list[mx.array]:
+        """The cache arrays, for `mx.eval` at the end of a step (keeps the graph one step deep)."""
+        return self.k_cache + self.v_cache
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._out_slots = _ints(batch.out_slots)
+        is_decode = batch.extend_lens == 1
+        decode_reqs = np.flatnonzero(is_decode)
+        self._decode = self._plan_decode(batch, decode_reqs) if len(decode_reqs) else None
+        self._extends = [self._plan_extend(batch, int(i)) for i in np.flatnonzero(~is_decode)]
+        self._order = self._plan_order(batch.num_tokens)
+
+    def forward(
+        self, q: mx.array, k: mx.array, v: mx.array, layer_id: int, scale: float
+    ) -> mx.array:
+        """q [T, Hq, D], k/v [T, Hkv, D] of the new tokens -> [T, Hq * D]."""
+        self.k_cache[layer_id][self._out_slots] = k
+        self.v_cache[layer_id][self._out_slots] = v
+        k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
+        pieces = []
+        if self._decode is not None:
+            index = self._decode.row_index
+            q_decode = q if index is None else q[index]
+            pieces.append(self._attend_decode(q_decode, k_cache, v_cache, scale))
+        for plan in self._extends:
+            pieces.append(self._attend_extend(plan, q, k, v, k_cache, v_cache, scale))
+        out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
+        return out if self._order is None else out[self._order]
+
+    # -- per-group attention -------------------------------------------------------------
+
+    def _attend_decode(self, q: mx.array, k_cache: mx.array, v_cache: mx.array, scale: float):
+        plan = self._decode
+        assert plan is not None
+        batch = q.shape[0]
+        if isinstance(plan.slots, slice):  # one request on contiguous slots
+            keys, values = k_cache[plan.slots][None], v_cache[plan.slots][None]
+        else:
+            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
+        out = mx.fast.scaled_dot_product_attention(
+            q[:, :, None, :],  # [B, Hq, 1, D]
+            keys.transpose(0, 2, 1, 3),
+            values.transpose(0, 2, 1, 3),
+            scale=scale,
+            mask=plan.mask,
+        )
+        return out.reshape(batch, -1)
+
+    def _attend_extend(self, plan: _ExtendPlan, q, k, v, k_cache, v_cache, scale: float):
+        rows = slice(plan.start, plan.end)
+        mask: mx.array | str | None
+        if plan.slots is None:
+            keys, values, mask = k[rows], v[rows], "causal"  # no prefix: new tokens are all
+        else:
+            keys, values, mask = k_cache[plan.slots], v_cache[plan.slots], plan.mask
+        out = mx.fast.scaled_dot_product_attention(
+            q[rows].transpose(1, 0, 2)[None],  # [1, Hq, E, D]
+            keys.transpose(1, 0, 2)[None],
+            values.transpose(1, 0, 2)[None],
+            scale=scale,
+            mask=mask,
+        )
+        return out[0].transpose(1, 0, 2).reshape(plan.end - plan.start, -1)
+
+    # -- planning (numpy -> MLX index arrays, once per step) ------------------------------
+
+    def _plan_decode(self, batch: ForwardBatch, reqs: np.ndarray) -> _DecodePlan:
+        rows = batch.qo_indptr[reqs]
+        row_index = None if len(reqs) == batch.num_reqs else _ints(rows)
+        lens = batch.seq_lens[reqs]
+        starts = batch.kv_indptr[reqs]
+        if len(reqs) == 1:
+            own = batch.kv_indices[starts[0] : starts[0] + lens[0]]
+            if np.all(np.diff(own) == 1):
+                return _DecodePlan(rows, row_index, slice(int(own[0]), int(own[-1]) + 1), None)
+        width = int(lens.max())
+        cols = np.arange(width, dtype=np.int64)
+        valid = cols[None, :] < lens[:, None]
+        flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
+        slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
+        mask = None if bool(valid.all()) else mx.array(valid[:, None, None, :])
+        return _DecodePlan(rows, row_index, _ints(slots), mask)
+
+    def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
+        start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
+        prefix = int(batch.prefix_lens[req])
+        if prefix == 0:
+            return _ExtendPlan(start, end, None, None)
+        kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
+        causal = np.arange(len(kv))[None, :] <= prefix + np.arange(end - start)[:, None]
+        return _ExtendPlan(start, end, _ints(kv), mx.array(causal))
+
+    def _plan_order(self, num_tokens: int) -> mx.array | None:
+        """Pieces come out as [decode rows..., extend 0, extend 1, ...]; None = already in order."""
+        parts = [] if self._decode is None else [self._decode.rows]
+        parts += [np.arange(p.start, p.end) for p in self._extends]
+        produced = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if np.array_equal(produced, np.arange(num_tokens)):
+            return None
+        return _ints(np.argsort(produced, kind="stable"))

