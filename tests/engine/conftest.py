@@ -81,17 +81,21 @@ def bundled_gguf() -> Path | None:
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """Reference: transformers greedy generation of exactly n tokens."""
+    """Reference: n greedy tokens from a transformers model, EOS not special-cased.
+
+    A plain argmax loop, because `generate(min_new_tokens=...)` masks EOS and so is not the
+    model's own greedy choice.
+    """
     import torch
 
     ids = torch.tensor([prompt])
+    out: list[int] = []
+    past = None
     with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+        for _ in range(n):
+            result = model(ids, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            token = int(result.logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
