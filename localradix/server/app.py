@@ -252,7 +252,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     job = await serving.completion_job(manager, req)
     model = server.client.info["name"]
     with _closed_on_error(job):
-        texts = [manager.tokenizer.decode(p, skip_special_tokens=False) for p in job.prompts]
+        decode = manager.tokenizer.decode
+        texts = [decode(p, skip_special_tokens=False) for p in job.prompts] if req.echo else []
         if req.stream:
             return EventStream(serving.completion_stream(job, model, req, texts))
         gathered = await _gather_unless_disconnected(request, job)

@@ -110,6 +110,8 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         err = exc
     elif isinstance(exc, ValidationException):
         err = _from_validation(exc)
+    elif isinstance(exc, RecursionError):  # JSON nested deeper than the decoder allows
+        err = bad_request("the request body is nested too deeply")
     elif isinstance(exc, HTTPException):
         if exc.status_code >= 500:
             logger.error("HTTP %d on %s: %s", exc.status_code, request.url.path, exc.detail)

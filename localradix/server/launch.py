@@ -21,6 +21,7 @@ DRAIN_TIMEOUT_S = 5.0
 # Test hooks: swap the engine core and tokenizer for doubles ("module:attr").
 CORE_ENV = "LOCALRADIX_ENGINE_CORE"
 TOKENIZER_ENV = "LOCALRADIX_TOKENIZER"
+HTTP_ENV = "LOCALRADIX_UVICORN_HTTP"  # "h11" / "httptools" (default: uvicorn's choice)
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -76,6 +77,7 @@ def serve(args: ServerArgs) -> int:
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=int(DRAIN_TIMEOUT_S),
         limit_concurrency=None,
+        http=os.environ.get(HTTP_ENV, "auto"),
     )
     server = _Server(config)
     state.request_exit = lambda: setattr(server, "should_exit", True)

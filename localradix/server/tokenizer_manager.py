@@ -255,13 +255,14 @@ class TokenizerManager:
                     IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop),
                 )
                 job.choices.append(choice)
-                self.client.listeners[choice.rid] = job._listener(choice)
                 messages.append(
                     GenerateRequest(choice.rid, tuple(ids), params.replace(n=1, seed=seed))
                 )
+        self.client.send(messages)  # no output can arrive before this coroutine yields
+        for choice in job.choices:
+            self.client.listeners[choice.rid] = job._listener(choice)
         job._unfinished = len(job.choices)
         self.in_flight += len(job.choices)
-        self.client.send(messages)
         return job
 
     def token_text(self, token_id: int) -> str:

@@ -314,6 +314,8 @@ BAD = [
         400,
         "stop_token_ids",
     ),
+    ("deep nesting", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("invalid utf-8", b'{"messages": [{"role": "user", "content": "\xff"}]}', 400, None),
     (
         "nan",
         b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], '
@@ -591,3 +593,23 @@ def test_fake_schemathesis_cli_finds_no_server_errors(fake_server):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     assert wait_until(lambda: idle(fake_server), timeout=30)
+
+
+@pytest.mark.parametrize("impl", ["h11", "httptools"])
+def test_fake_disconnects_abort_with_either_http_implementation(impl):
+    pytest.importorskip(impl)
+    server = start_server([], fake=True, env={"LOCALRADIX_UVICORN_HTTP": impl})
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 100000}
+        with httpx.stream("POST", server.base + "/completions", json={**body, "stream": True}) as r:
+            lines = r.iter_lines()
+            next(lines)
+            assert not idle(server)
+        assert wait_until(lambda: idle(server))
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.base + "/completions", json=body, timeout=0.5)
+        assert wait_until(lambda: idle(server))
+        r = httpx.post(server.base + "/completions", json={**body, "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        assert server.stop() == 0
