@@ -118,10 +118,12 @@ def bench_transformers(engine: Engine, model_path: str, n: int = 64) -> float | 
         import os
 
         folder, name = os.path.split(path)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32
+        )
     else:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path)
-    hf = hf.float().eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf = hf.eval()
     ids = torch.tensor([token_prompt(engine, 32, seed=1)])
     with torch.no_grad():
         hf.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
@@ -137,26 +139,25 @@ def main() -> None:
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
 
-    rows: list[tuple[str, str, str]] = []
+    def row(name: str, value: str, target: str = "") -> None:
+        print(f"{name:<44}  {value:>14}  {target}", flush=True)
+
     with Engine(args.model, dtype=args.dtype, max_total_tokens=65536) as engine:
         info = engine.core.info
         print(f"model {info.name} ({info.architecture}), {info.device}, {info.dtype}")
         bench_single_decode(engine, 8)  # warm-up
-        rows.append(("single-stream decode", f"{bench_single_decode(engine):.1f} tok/s", ">= 13"))
-        rows.append(("32 streams aggregate", f"{bench_concurrent(engine):.1f} tok/s", ">= 135"))
-        rows.append(("prefill 1k tokens", f"{bench_prefill(engine):.1f} tok/s", ">= 250"))
+        row("single-stream decode", f"{bench_single_decode(engine):.1f} tok/s", ">= 13")
+        row("32 streams aggregate", f"{bench_concurrent(engine):.1f} tok/s", ">= 135")
+        row("prefill 1k tokens", f"{bench_prefill(engine):.1f} tok/s", ">= 250")
         if not args.skip_transformers:
             tf = bench_transformers(engine, info.path)
-            rows.append(("transformers generate (bs=1)", f"{tf:.1f} tok/s", "reference"))
+            row("transformers generate (bs=1, same prompt)", f"{tf:.1f} tok/s", "reference")
     cached_wall, hit_rate, plen = bench_shared_prefix(args.model, args.dtype, disable=False)
+    row(f"shared prefix ({plen}-token prompts), cache", f"{cached_wall:.1f} s")
     plain_wall, _, _ = bench_shared_prefix(args.model, args.dtype, disable=True)
-    rows.append((f"shared prefix ({plen}-token prompts), cache", f"{cached_wall:.1f} s", ""))
-    rows.append(("shared prefix, --disable-radix-cache", f"{plain_wall:.1f} s", ""))
-    rows.append(("shared prefix speed-up", f"{plain_wall / cached_wall:.1f}x", ">= 5x"))
-    rows.append(("shared prefix hit rate", f"{hit_rate:.3f}", ">= 0.9"))
-    width = max(len(r[0]) for r in rows)
-    for name, value, target in rows:
-        print(f"{name:<{width}}  {value:>14}  {target}")
+    row("shared prefix, --disable-radix-cache", f"{plain_wall:.1f} s")
+    row("shared prefix speed-up", f"{plain_wall / cached_wall:.1f}x", ">= 5x")
+    row("shared prefix hit rate", f"{hit_rate:.3f}", ">= 0.9")
 
 
 if __name__ == "__main__":
