@@ -52,7 +52,6 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default=None, help="show what this --device value selects")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    parser.set_defaults(func=run_doctor)
     return parser
 
 

@@ -319,3 +319,14 @@ def test_doctor_json_and_failed_request(machine, capsys):
     assert "torch_npu not installed" in report["chosen"]["error"]
     assert {b["name"] for b in report["backends"]} >= {"cuda", "rocm", "npu", "mlx", "cpu"}
     assert report["packages"]["numpy"]
+
+
+def test_doctor_as_a_cli_subcommand(machine, capsys, monkeypatch):
+    from localradix import cli
+
+    # the line cli.COMMANDS gets for `localradix doctor` (idempotent if already wired)
+    monkeypatch.setitem(
+        cli.COMMANDS, "doctor", cli.Command("localradix.doctor", "add_doctor_parser", "run_doctor")
+    )
+    assert cli.main(["doctor", "--backend", "cpu"]) == 0
+    assert "Chosen for --backend cpu" in capsys.readouterr().out
