@@ -109,6 +109,7 @@ class LocalRadixApp(App):
         self.sample_system()
         self.set_interval(self.system_interval, self.sample_system)
         self.run_worker(self.consume_feed(), group="feed", exit_on_error=False)
+        self.theme_changed_signal.subscribe(self, lambda _theme: self.render_view(force=True))
         self.render_view()
 
     # -- the feed -------------------------------------------------------------------------
@@ -187,8 +188,12 @@ class LocalRadixApp(App):
             paused=self.paused,
         )
 
-    def render_view(self) -> None:
-        """Show the latest data; while paused only the header changes (to say so)."""
+    def render_view(self, force: bool = False) -> None:
+        """Show the latest data; while paused only the header changes (to say so).
+        `force` redraws the paused view too (the table colours follow the theme)."""
+        if self.paused and force:
+            for table in self.query(RowsTable):
+                table.show(table.view)
         if self.paused:
             header = self.query_one(HeaderBar)
             header.show(replace(header.view, paused=True, connected=self.connected))
@@ -225,7 +230,6 @@ class LocalRadixApp(App):
 
     def action_toggle_theme(self) -> None:
         self.theme = THEMES[1] if self.theme == THEMES[0] else THEMES[0]
-        self.render_view()
 
     def action_flush(self) -> None:
         self.run_worker(self.flush(), group="flush", exclusive=True, exit_on_error=False)

@@ -54,10 +54,12 @@ class ChatScreen(Screen):
         )
         yield Input(placeholder="System prompt (optional)", id="system")
         yield VerticalScroll(id="turns")
-        yield Input(placeholder="Message", id="prompt")
+        yield Input(placeholder="Type a message; Enter sends", id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#system", Input).border_title = "system prompt"
+        self.query_one("#prompt", Input).border_title = "message"
         self.query_one("#prompt", Input).focus()
 
     def action_back(self) -> None:

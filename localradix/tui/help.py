@@ -12,20 +12,18 @@ HELP = """\
 [b]localradix[/] — watch requests become batches and the radix cache pay rent
 
 [b $text-primary]Keys[/]
-  [b]q[/]  quit            [b]p[/]  pause / resume updates
-  [b]c[/]  chat pane       [b]f[/]  flush the radix cache (refused while requests run)
-  [b]t[/]  light / dark    [b]?[/]  this help (Esc closes)
+  [b]q[/] quit        [b]p[/] pause / resume     [b]c[/] chat      [b]?[/] this help
+  [b]f[/] flush the radix cache (refused while requests run)   [b]t[/] light / dark
 
 [b $text-primary]Panels[/]
-  [b]KV memory[/]   [$text-warning]█ used[/] by running requests · [$text-success]▓ cached[/] prefixes
-                (evictable) · [$text-muted]░ free[/]
-  [b]Hit rate[/]    share of prompt tokens served from the cache over the last
-                5 s ("now"), since start ("total"); one column per second,
-                blank = no prompts that second
-  [b]Throughput[/]  prefill and decode tokens/s, one column per second
-  [b]Batch[/]       running requests: prompt / cached / generated tokens, TTFT
+  [b]KV memory[/]   [$text-warning]█ used[/] by running requests, [$text-success]▓ cached[/] (evictable), [$text-muted]░ free[/]
+  [b]Hit rate[/]    prompt tokens served from the cache: last 5 s ("now") and
+              since start ("total"); a column per second, blank = no prompts
+  [b]Throughput[/]  prefill and decode tokens/s, a column per second
+  [b]Batch[/]       running and waiting requests: prompt / cached / generated
+              tokens, time to first token, decode speed, retractions
   [b]Radix[/]       largest cached prefixes, their hits, ● = locked by a request
-  [b]Misses[/]      recent prompts that missed: cached/prompt and where they diverged
+  [b]Misses[/]      recent prompts that missed, and where they left the cache
 """
 
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from localradix.tui.api import ApiClient
@@ -12,6 +17,7 @@ from localradix.tui.feed import HttpFeed
 from localradix.tui.system import SystemProbe, is_local
 
 SERVER_FLAGS_OWNED = ("model", "host", "port")  # set by serve_and_attach itself
+LOG_FILE = Path(tempfile.gettempdir()) / "localradix-tui.log"
 
 
 def make_app(url: str, api_key: str | None, *, theme: str | None = None, server: Any = None):
@@ -27,8 +33,31 @@ def make_app(url: str, api_key: str | None, *, theme: str | None = None, server:
     )
 
 
+@contextlib.contextmanager
+def logging_to_file(path: Path = LOG_FILE) -> Iterator[None]:
+    """Send log records to a file while the dashboard owns the terminal (a line written to
+    stderr, such as httpx's per-request INFO, would tear the screen)."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.handlers = [handler]
+    quiet = [logging.getLogger(n) for n in ("httpx", "httpcore")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.handlers = saved
+        handler.close()
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+
+
 def attach(url: str, api_key: str | None = None, theme: str | None = None) -> int:
-    make_app(url, api_key, theme=theme).run()
+    with logging_to_file():
+        make_app(url, api_key, theme=theme).run()
     return 0
 
 

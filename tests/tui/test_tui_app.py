@@ -10,6 +10,7 @@ from localradix.tui.app import LocalRadixApp
 from localradix.tui.chat import ChatScreen
 from localradix.tui.feed import Connected, Disconnected, Snapshot
 from localradix.tui.help import HelpScreen
+from localradix.tui.tables import BatchTable
 
 pytestmark = pytest.mark.asyncio
 
@@ -153,9 +154,13 @@ async def test_theme_toggles_between_dark_and_light():
     app, feed = make_app()
     async with app.run_test() as pilot:
         feed.push(Snapshot(snapshot()))
+        await settle(pilot)
+        await pilot.press("p")  # even a paused table takes the new theme's colours
         await pilot.press("t")
         await settle(pilot)
         assert app.theme == "textual-light"
+        state = app.query_one(BatchTable).get_cell("0", "state")
+        assert str(state) == "decode" and state.style == app.theme_variables["text-success"]
         await pilot.press("t")
         assert app.theme == "textual-dark"
 
