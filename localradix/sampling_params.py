@@ -15,6 +15,21 @@ class InvalidParams(ValueError):
         self.param = param
 
 
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "ebnf", "structural_tag")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Grammar-constrained decoding: every generated token keeps the output inside `spec`.
+
+    kind: json_object (any JSON object; spec unused), json_schema (spec = the schema as JSON
+    text), regex, ebnf (GBNF-style grammar with a `root` rule), structural_tag (xgrammar's JSON).
+    """
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -32,6 +47,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None  # None = off; k >= 0 = chosen token plus top-k alternatives
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +71,11 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
             (len(self.stop) <= 16, "stop", "at most 16 stop strings"),
             (all(self.stop), "stop", "stop strings must not be empty"),
+            (
+                self.constraint is None or self.constraint.kind in CONSTRAINT_KINDS,
+                "response_format",
+                f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}",
+            ),
         )
         for ok, param, why in checks:
             if not ok:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from localradix.config import ServerArgs
 from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput
@@ -49,6 +50,7 @@ class EngineCore:
             eos_token_ids=eos,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             vocab_size=config.vocab_size,
+            grammar=_grammar_service(self.tokenizer, config.vocab_size),
         )
         self.info = ModelInfo(
             name=args.served_model_name or source.name,
@@ -85,3 +87,15 @@ class EngineCore:
         self.scheduler.cache.reset()
         self.scheduler.check_invariants(idle=True)
         return True
+
+
+def _grammar_service(tokenizer: Any, vocab_size: int) -> Any:
+    """xgrammar-backed constrained decoding, or None (requests with a constraint get an error)."""
+    import importlib.util
+
+    if importlib.util.find_spec("xgrammar") is None:
+        logger.info("xgrammar is not installed: structured output is off")
+        return None
+    from localradix.constrained.grammar import GrammarService
+
+    return GrammarService(tokenizer, vocab_size)

@@ -31,6 +31,8 @@ class SamplingBatch:
     # Per request, for penalties only: (all token ids so far, number of prompt tokens), else None.
     history: tuple[tuple[np.ndarray, int] | None, ...]
     logprobs: np.ndarray  # int64 [B]: top-k logprobs wanted (-1 = none)
+    # int32 [B, ceil(V / 32)] grammar bitmask (bit set = token allowed), or None if unconstrained
+    vocab_mask: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -53,6 +55,7 @@ class SamplingBatch:
         params: Sequence[SamplingParams],
         uniform: np.ndarray,
         histories: Sequence[tuple[np.ndarray, int] | None],
+        vocab_mask: np.ndarray | None = None,
     ) -> SamplingBatch:
         def col(name: str, dtype: type) -> np.ndarray:
             return np.array([getattr(p, name) for p in params], dtype=dtype)
@@ -72,6 +75,7 @@ class SamplingBatch:
             logprobs=np.array(
                 [-1 if p.logprobs is None else p.logprobs for p in params], dtype=np.int64
             ),
+            vocab_mask=vocab_mask,
         )
 
 

@@ -17,6 +17,8 @@ def sample(logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
     """logits: float32 [B, V] (one row per request) -> chosen tokens (+ logprobs if asked)."""
     if sb.any_penalty:
         logits = apply_penalties(logits, sb)
+    if sb.vocab_mask is not None:
+        logits = apply_vocab_mask(logits, sb.vocab_mask)
     if sb.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:
@@ -42,6 +44,14 @@ def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
             logits[i] -= float(sb.frequency_penalty[i]) * c
             logits[i] -= float(sb.presence_penalty[i]) * (c > 0).to(logits.dtype)
     return logits
+
+
+def apply_vocab_mask(logits: torch.Tensor, mask: np.ndarray) -> torch.Tensor:
+    """Disallow (-inf) every token whose bit is clear in the int32 bitmask [B, ceil(V / 32)]."""
+    words = torch.from_numpy(mask).to(logits.device)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((words[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:

@@ -39,6 +39,8 @@ class Req:
     kv_len: int = 0  # tokens whose KV is computed
     extend_len: int = 0  # tokens scheduled in the current extend step
     prefix_match: Any = None  # MatchResult of the latest match (for scheduling and TUI)
+    grammar_future: Any = None  # Future of the compiled constraint, while it compiles
+    grammar: Any = None  # GrammarState once compiled
     # Reporting
     cached_tokens: int = -1  # prompt tokens served from cache at first admission
     finish_reason: str | None = None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from localradix.config import ServerArgs
+from localradix.constrained.backend import GrammarBackend
 from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
@@ -40,6 +41,7 @@ class Scheduler:
         eos_token_ids: Sequence[int],
         decode: Callable[[list[int]], str],
         vocab_size: int,
+        grammar: GrammarBackend | None = None,
     ) -> None:
         self.runner = runner
         self.args = args
@@ -47,6 +49,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.decode = decode
         self.vocab_size = vocab_size
+        self.grammar = grammar
         self.pool = KVPool(runner.kv_capacity, page_size=args.page_size)
         self.req_pool = ReqToTokenPool(args.max_running_requests + 2, context_len + 1)
         self.cache = RadixCache(
@@ -56,6 +59,7 @@ class Scheduler:
             disable=args.disable_radix_cache,
         )
         self.waiting: list[Req] = []
+        self.compiling: list[Req] = []  # waiting for their constraint's grammar
         self.running: list[Req] = []
         self.chunked: Req | None = None
         self.reqs: dict[str, Req] = {}
@@ -92,6 +96,11 @@ class Scheduler:
             req.finish("length")
             self._touched[req.rid] = req
             return
+        if req.params.constraint is not None:
+            assert self.grammar is not None  # checked by _reject_reason
+            req.grammar_future = self.grammar.submit(req.params.constraint)
+            self.compiling.append(req)
+            return
         self.waiting.append(req)
 
     def _reject_reason(self, req: Req) -> str | None:
@@ -112,6 +121,8 @@ class Scheduler:
             )
         if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        if req.params.constraint is not None and self.grammar is None:
+            return "constrained decoding is not available: pip install xgrammar"
         return None
 
     def abort(self, rid: str) -> None:
@@ -119,6 +130,8 @@ class Scheduler:
         if req is None or req.finished:
             return
         req.finish("abort")
+        if req in self.compiling:
+            self.compiling.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
@@ -129,17 +142,19 @@ class Scheduler:
         self._touched[rid] = req
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self._touched or self._rejected)
+        return not self.idle or bool(self._touched or self._rejected)
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked)
+        return not (self.waiting or self.running or self.chunked or self.compiling)
 
     # ---- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one batch (if any) and return every request's new tokens since the last step."""
         was_busy = not self.idle
+        if self.compiling:
+            self._collect_grammars()
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch:
             self._run(batch)
@@ -156,6 +171,23 @@ class Scheduler:
         if self.chunked is not None:
             held.append(self.chunked)
         return held
+
+    def _collect_grammars(self) -> None:
+        """Move requests whose grammar finished compiling to the queue (or fail them)."""
+        assert self.grammar is not None
+        still = []
+        for req in self.compiling:
+            future = req.grammar_future
+            if not future.done():
+                still.append(req)
+            elif future.exception() is not None:
+                req.fail(str(future.exception()))
+                self.reqs.pop(req.rid, None)
+                self._touched[req.rid] = req
+            else:
+                req.grammar = self.grammar.new_state(future.result())
+                self.waiting.append(req)
+        self.compiling = still
 
     # ---- admission -----------------------------------------------------------------------
 
@@ -291,7 +323,10 @@ class Scheduler:
     def _run(self, batch: list[Req]) -> None:
         fb = self._forward_batch(batch)
         sb = SamplingBatch.build(
-            [r.params for r in batch], self._uniforms(batch), [self._history(r) for r in batch]
+            [r.params for r in batch],
+            self._uniforms(batch),
+            [self._history(r) for r in batch],
+            self._vocab_mask(batch),
         )
         started = time.monotonic()
         out = self.runner.forward(fb, sb)
@@ -327,6 +362,20 @@ class Scheduler:
                 seq = [req.params.seed & 0xFFFFFFFF, len(req.output_ids)]
                 draws[i] = np.random.default_rng(seq).random()
         return draws
+
+    def _vocab_mask(self, batch: list[Req]) -> np.ndarray | None:
+        """Grammar bitmask rows for constrained requests that sample this step; None if none."""
+        rows = [
+            i
+            for i, r in enumerate(batch)
+            if r.grammar is not None and r.kv_len + r.extend_len == r.seq_len
+        ]
+        if not rows:
+            return None
+        mask = np.full((len(batch), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        for i in rows:
+            batch[i].grammar.fill_mask(mask, i)
+        return mask
 
     @staticmethod
     def _history(req: Req) -> tuple[np.ndarray, int] | None:
@@ -365,6 +414,10 @@ class Scheduler:
         if token in p.stop_token_ids:
             req.finish("stop", token)
         elif token in self.eos_token_ids and not p.ignore_eos:
+            req.finish("stop", token)
+        elif req.grammar is not None and not req.grammar.accept(token):
+            req.fail(f"token {token} broke the request's grammar")
+        elif req.grammar is not None and req.grammar.terminated:
             req.finish("stop", token)
         elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
             req.finish("length")

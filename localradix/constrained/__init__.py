@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding (xgrammar): compiled off the engine loop, applied as bitmasks."""

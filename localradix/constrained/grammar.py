@@ -1,0 +1,144 @@
+"""Compile constraints into grammars (in a worker thread, cached) and track each request's state.
+
+The scheduler sees only `GrammarService.submit` (a future) and `GrammarState` (fill a bitmask
+row, accept a token); xgrammar stays behind this module. Bitmasks are int32 numpy arrays in
+xgrammar's layout: bit j of word w allows token 32 * w + j.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from localradix.sampling_params import Constraint
+
+logger = logging.getLogger("localradix.grammar")
+
+# Compiled grammars (and compile errors) kept for reuse, keyed by (kind, spec).
+CACHE_ENTRIES = 256
+
+
+class InvalidGrammar(ValueError):
+    """The constraint cannot be compiled; the message says why (shown to the user as a 400)."""
+
+
+def bitmask_width(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+class GrammarState:
+    """One request's position in its grammar."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def fill_mask(self, mask: np.ndarray, row: int) -> None:
+        """Write the allowed next tokens into `mask[row]` (int32 bitmask)."""
+        self._matcher.fill_next_token_bitmask(mask, row)
+
+    def accept(self, token: int) -> bool:
+        return bool(self._matcher.accept_token(token))
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+
+class GrammarService:
+    """Compiles constraints for one tokenizer; each distinct constraint compiles once."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._compiler: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._cache: dict[tuple[str, str], Future[Any]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def submit(self, constraint: Constraint) -> Future[Any]:
+        """A future of the compiled grammar; a cached one (also for invalid ones) at once."""
+        key = (constraint.kind, constraint.spec)
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._pool.submit(self._compile, constraint)
+                self._cache[key] = future
+                while len(self._cache) > CACHE_ENTRIES:
+                    self._cache.pop(next(iter(self._cache)))
+            return future
+
+    def new_state(self, compiled: Any) -> GrammarState:
+        import xgrammar as xgr
+
+        return GrammarState(xgr.GrammarMatcher(compiled))
+
+    def _compile(self, constraint: Constraint) -> Any:
+        compiler = self._ensure_compiler()
+        try:
+            return _COMPILERS[constraint.kind](compiler, constraint.spec)
+        except KeyError:
+            raise InvalidGrammar(f"unsupported constraint kind {constraint.kind!r}") from None
+        except InvalidGrammar:
+            raise
+        except Exception as exc:  # xgrammar reports bad schemas/grammars as various errors
+            raise InvalidGrammar(f"invalid {constraint.kind}: {_first_line(exc)}") from exc
+
+    def _ensure_compiler(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_vocab_and_metadata(
+                self._encoded_vocab(), json.dumps(self._metadata())
+            )
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def _encoded_vocab(self) -> list[bytes | str]:
+        tokens = self._tokenizer.convert_ids_to_tokens(range(self._vocab_size))
+        return [t if t is not None else "" for t in tokens]
+
+    def _metadata(self) -> dict[str, Any]:
+        import xgrammar as xgr
+
+        backend = getattr(self._tokenizer, "backend", None)
+        detected = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str()) if backend else {}
+        vocab_type = detected.get("vocab_type", xgr.VocabType.RAW)
+        return {
+            "vocab_type": int(getattr(vocab_type, "value", vocab_type)),
+            "vocab_size": self._vocab_size,
+            "add_prefix_space": detected.get("add_prefix_space", False),
+            "stop_token_ids": list(self._tokenizer.eos_token_ids),
+        }
+
+
+def _json_schema(compiler: Any, spec: str) -> Any:
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise InvalidGrammar(f"the JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise InvalidGrammar("the JSON schema must be a JSON object")
+    return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+
+
+_COMPILERS = {
+    "json_object": lambda c, _: c.compile_json_schema('{"type": "object"}', any_whitespace=False),
+    "json_schema": _json_schema,
+    "regex": lambda c, spec: c.compile_regex(spec),
+    "ebnf": lambda c, spec: c.compile_grammar(spec),
+    "structural_tag": lambda c, spec: c.compile_structural_tag(spec),
+}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
