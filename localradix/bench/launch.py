@@ -37,6 +37,16 @@ def localradix_argv(server_args: tuple[str, ...], port: int, model: str | None) 
     return [*head, "--host", "127.0.0.1", "--port", str(port), *server_args]
 
 
+def localradix_env() -> dict[str, str]:
+    """The environment for a launched localradix: from a source checkout that is not installed,
+    the child must still find the package whatever the working directory."""
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").exists():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return env
+
+
 def port_in_args(args: tuple[str, ...] | list[str]) -> int | None:
     """The --port a user passed among server args, if any (it then wins over ours)."""
     for i, a in enumerate(args):
@@ -54,8 +64,14 @@ def command_argv(command: str, port: int) -> list[str]:
 class ServerProcess:
     """A server subprocess; use as a context manager: enter = started and ready."""
 
-    def __init__(self, argv: list[str], port: int, ready_timeout: float = 300.0) -> None:
-        self.argv, self.port, self.ready_timeout = argv, port, ready_timeout
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        ready_timeout: float = 300.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.argv, self.port, self.ready_timeout, self.env = argv, port, ready_timeout, env
         self.base = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
@@ -83,6 +99,7 @@ class ServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=os.name == "posix",
+                    env=self.env,
                 )
             except OSError as e:
                 raise LaunchError(f"cannot start {shlex.join(self.argv)}: {e}") from e

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import shlex
 import sys
@@ -24,6 +25,7 @@ from localradix.bench.launch import (
     command_argv,
     free_port,
     localradix_argv,
+    localradix_env,
     port_in_args,
 )
 from localradix.bench.report import comparisons, failed_run, summarize
@@ -57,6 +59,7 @@ class Plan:
 
 
 def main(ns: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     try:
         plan = make_plan(ns)
     except (UsageError, TargetError) as e:
@@ -178,14 +181,14 @@ def open_target(target: Target, plan: Plan, info: dict[str, Any]) -> Iterator[st
     if target.kind == "launch":
         args = (*plan.common_server_args, *target.server_args)
         port = port_in_args(args) or free_port()
-        argv = localradix_argv(args, port, plan.launch_model)
+        argv, env = localradix_argv(args, port, plan.launch_model), localradix_env()
     else:
         assert target.command is not None
         port = free_port()
-        argv = command_argv(target.command, port)
+        argv, env = command_argv(target.command, port), None
     info["argv"] = argv
     print(f"localradix bench: starting {shlex.join(argv)}", file=sys.stderr)
-    with ServerProcess(argv, port, plan.launch_timeout):
+    with ServerProcess(argv, port, plan.launch_timeout, env):
         yield f"http://127.0.0.1:{port}/v1"
 
 

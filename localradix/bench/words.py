@@ -1,7 +1,9 @@
 """Seeded filler text: a fixed list of common English words, so prompts need no downloads.
 
-Common short words are about one token each in every mainstream tokenizer, so a request for
-`n` "tokens" here produces `n` words; the server's usage report gives the exact count.
+Common short words are about one token each in every mainstream tokenizer; with capitals and
+full stops, prose here measures about 1.1 tokens per word and JSON about 4 characters per token
+(SmolLM2's tokenizer; larger vocabularies give a little less). The server's usage report gives
+the exact count.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ WORDS = tuple(
 )
 
 
+TOKENS_PER_WORD = 1.1
+CHARS_PER_JSON_TOKEN = 4.0
+
+
+def words_for(tokens: int) -> int:
+    """Words of prose that make about `tokens` tokens."""
+    return max(1, round(tokens / TOKENS_PER_WORD))
+
+
+def json_tokens(text: str) -> int:
+    return round(len(text) / CHARS_PER_JSON_TOKEN)
+
+
 class TextGen:
     """Deterministic sentences from a seed; one instance per independent text stream."""
 
@@ -53,8 +68,12 @@ class TextGen:
     def words(self, n: int) -> list[str]:
         return self._rng.choices(WORDS, k=max(0, n))
 
+    def prose(self, n_tokens: int) -> str:
+        """About `n_tokens` tokens of sentences."""
+        return self.text(words_for(n_tokens))
+
     def text(self, n_words: int) -> str:
-        """About `n_words` words as sentences of 6-14 words."""
+        """Exactly `n_words` words (at least 1) as sentences of 6-14 words."""
         out: list[str] = []
         left = max(1, n_words)
         while left > 0:

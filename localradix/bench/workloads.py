@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from localradix.bench.words import TextGen
+from localradix.bench.words import TextGen, json_tokens
 
 WORKLOADS = ("agent", "chat", "rag", "random", "single")
 
@@ -114,47 +114,50 @@ def _with_nonce(s: Session, nonce: str) -> Session:
 
 
 def _agent(gen: TextGen, p: dict) -> list[Session]:
-    tools = _tools(gen, n_words=max(0, p["system_tokens"] * 2 // 3))
-    tool_text = json.dumps(tools, indent=1)
-    intro_words = max(16, p["system_tokens"] - len(tool_text.split()))
+    tool_text = json.dumps(_tools(gen, p["system_tokens"] * 2 // 3), indent=1)
+    intro = "You are an agent that completes tasks by calling tools. "
     system = (
-        "You are an agent that completes tasks by calling tools. "
-        + gen.text(intro_words)
+        intro
+        + gen.prose(p["system_tokens"] - json_tokens(tool_text) - 12)
         + "\n\nAvailable tools:\n"
         + tool_text
     )
     return [
-        Session(system, (f"Task {i}: " + gen.text(p["prompt_tokens"]),))
+        Session(system, (f"Task {i}: " + gen.prose(p["prompt_tokens"]),))
         for i in range(p["num_requests"])
     ]
 
 
-def _tools(gen: TextGen, n_words: int) -> list[dict]:
-    """Tool definitions in OpenAI's JSON shape, with about `n_words` words of descriptions."""
-    tools, used = [], 0
-    while used < n_words or not tools:
-        k = min(60, max(8, n_words - used))
+def _tools(gen: TextGen, n_tokens: int) -> list[dict]:
+    """Tool definitions in OpenAI's JSON shape, about `n_tokens` tokens in all."""
+    tools: list[dict] = []
+    while not tools or json_tokens(json.dumps(tools, indent=1)) < n_tokens:
         params = {gen.name(): {"type": "string", "description": gen.text(6)} for _ in range(2)}
-        fn = {"name": gen.name(), "description": gen.text(k), "parameters": params}
+        fn = {
+            "name": gen.name(),
+            "description": gen.text(gen.randint(12, 40)),
+            "parameters": params,
+        }
         tools.append({"type": "function", "function": fn})
-        used += k + 20
     return tools
 
 
 def _chat(gen: TextGen, p: dict) -> list[Session]:
     out = []
     for c in range(p["num_conversations"]):
-        system = f"You are a helpful coding assistant. Project {c}: " + gen.text(p["system_tokens"])
-        turns = tuple(gen.text(p["prompt_tokens"]) for _ in range(p["turns"]))
+        system = f"You are a helpful coding assistant. Project {c}: " + gen.prose(
+            p["system_tokens"]
+        )
+        turns = tuple(gen.prose(p["prompt_tokens"]) for _ in range(p["turns"]))
         out.append(Session(system, turns))
     return out
 
 
 def _rag(gen: TextGen, p: dict) -> list[Session]:
     system = "Answer the question using only the document the user provides."
-    docs = [gen.text(p["doc_tokens"]) for _ in range(p["num_docs"])]
+    docs = [gen.prose(p["doc_tokens"]) for _ in range(p["num_docs"])]
     sessions = [
-        Session(system, (f"Document:\n{doc}\n\nQuestion: {gen.text(p['prompt_tokens'])}",))
+        Session(system, (f"Document:\n{doc}\n\nQuestion: {gen.prose(p['prompt_tokens'])}",))
         for doc in docs
         for _ in range(p["questions_per_doc"])
     ]
@@ -164,7 +167,7 @@ def _rag(gen: TextGen, p: dict) -> list[Session]:
 
 def _unique(gen: TextGen, p: dict) -> list[Session]:
     return [
-        Session(None, (f"Request {i}. " + gen.text(p["prompt_tokens"]),))
+        Session(None, (f"Request {i}. " + gen.prose(p["prompt_tokens"]),))
         for i in range(p["num_requests"])
     ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localradix.bench.words import WORDS, TextGen
+from localradix.bench.words import TOKENS_PER_WORD, WORDS, TextGen, json_tokens, words_for
 from localradix.bench.workloads import WORKLOADS, Sizes, build_workload, resolve_sizes
 
 
@@ -22,6 +22,7 @@ def test_words_are_unique_and_text_has_requested_length():
     assert len(set(WORDS)) == len(WORDS) > 300
     text = TextGen(1).text(500)
     assert len(text.split()) == 500
+    assert len(TextGen(1).prose(550).split()) == words_for(550) == 500
 
 
 def test_sizes_defaults_flags_and_scale():
@@ -41,7 +42,9 @@ def test_agent_shares_one_system_prompt_with_tools():
     assert len(systems) == 1
     (system,) = systems
     assert '"type": "function"' in system
-    assert 450 <= len(system.split()) <= 800  # about the requested size
+    prose, tools = system.split("Available tools:")
+    estimate = len(prose.split()) * TOKENS_PER_WORD + json_tokens(tools)
+    assert 550 <= estimate <= 650  # about the requested size (measured: 1024 -> 1052 tokens)
     tasks = [s.turns[0] for s in w.sessions]
     assert len(set(tasks)) == 6
 
