@@ -106,3 +106,26 @@ def test_no_logprobs_when_not_asked():
     sb = SamplingBatch.build([SP(temperature=0)], np.array([0.5]), [None])
     _, got = _both(_logits(1, 2), sb)
     assert got.logprobs is None and got.top_ids is None
+
+
+@pytest.mark.skipif(
+    "vocab_mask" not in SamplingBatch.__dataclass_fields__, reason="no grammar bitmask yet"
+)
+@pytest.mark.parametrize("greedy", [True, False])
+def test_grammar_bitmask_matches_torch(greedy):
+    rng = np.random.default_rng(4)
+    words = (VOCAB + 31) // 32
+    mask = rng.integers(-(2**31), 2**31, (3, words), dtype=np.int64).astype(np.int32)
+    mask[1] = 0
+    mask[1, 3] = 1 << 5  # only token 3 * 32 + 5 allowed
+    temperature = 0 if greedy else 1.0
+    params = [SP(temperature=temperature, logprobs=2)] * 3
+    sb = SamplingBatch.build(params, rng.random(3), [None] * 3, vocab_mask=mask)
+    logits = _logits(3, 9)
+    ref = torch_sampler.apply_vocab_mask(torch.from_numpy(logits), mask).numpy()
+    got = np.array(mlx_sampler.apply_vocab_mask(mx.array(logits), mask))
+    np.testing.assert_array_equal(got, ref)
+    ref_out, got_out = _both(logits, sb)
+    assert got_out.token_ids.tolist() == ref_out.token_ids.tolist()
+    assert got_out.token_ids[1] == 3 * 32 + 5
+    np.testing.assert_allclose(got_out.logprobs, ref_out.logprobs, atol=1e-5)

@@ -1,7 +1,7 @@
 """Batched sampling in MLX, with the torch sampler's exact semantics (runner/sampler.py).
 
 Penalties (repetition: Hugging Face, over every token seen; frequency/presence: OpenAI, over
-generated tokens), temperature, top-k / top-p / min-p on the descending-sorted distribution,
+generated tokens), the grammar's allowed-token bitmask, temperature, top-k / top-p / min-p on the descending-sorted distribution,
 and inverse-CDF picking from one uniform draw per request, so a seeded request gives the same
 tokens alone, batched, and on either backend.
 """
@@ -18,6 +18,9 @@ def sample(logits: mx.array, sb: SamplingBatch) -> SampleOutput:
     """logits: float32 [B, V] (one row per request) -> chosen tokens (+ logprobs if asked)."""
     if sb.any_penalty:
         logits = apply_penalties(logits, sb)
+    vocab_mask = getattr(sb, "vocab_mask", None)
+    if vocab_mask is not None:
+        logits = apply_vocab_mask(logits, vocab_mask)
     if sb.all_greedy:
         tokens = mx.argmax(logits, axis=-1)
     else:
@@ -41,6 +44,15 @@ def apply_penalties(logits: mx.array, sb: SamplingBatch) -> mx.array:
     c = mx.array(counts)
     logits = logits - mx.array(sb.frequency_penalty)[:, None] * c
     return logits - mx.array(sb.presence_penalty)[:, None] * (c > 0).astype(logits.dtype)
+
+
+def apply_vocab_mask(logits: mx.array, mask: np.ndarray) -> mx.array:
+    """Disallow (-inf) every token whose bit is clear in the int32 bitmask [B, ceil(V / 32)]."""
+    words = mx.array(np.ascontiguousarray(mask, dtype=np.int32))
+    shifts = mx.arange(32, dtype=mx.int32)
+    bits = (words[:, :, None] >> shifts) & 1  # [B, W, 32], bit j of word w = token 32 w + j
+    allowed = bits.reshape(words.shape[0], -1)[:, : logits.shape[1]].astype(mx.bool_)
+    return mx.where(allowed, logits, mx.array(-np.inf, dtype=logits.dtype))
 
 
 def _sample_random(logits: mx.array, sb: SamplingBatch) -> mx.array:
