@@ -55,6 +55,7 @@ def tpot(r: RequestResult) -> float | None:
 def summarize(run: RunResult, workload: Workload, target: dict[str, Any]) -> dict[str, Any]:
     ok = [r for r in run.results if r.ok]
     tokens = _token_totals(ok)
+    out_tokens = sum(output_tokens(r) for r in ok)
     wall = run.wall_time
     rate = (lambda x: x / wall) if wall > 0 else (lambda x: None)
     return {
@@ -75,8 +76,8 @@ def summarize(run: RunResult, workload: Workload, target: dict[str, Any]) -> dic
             "errors": len(run.results) - len(ok),
         },
         "requests_per_s": rate(len(ok)),
-        "output_tokens_per_s": rate(tokens["output"]),
-        "total_tokens_per_s": rate(tokens["output"] + (tokens["prompt"] or 0)),
+        "output_tokens_per_s": rate(out_tokens),
+        "total_tokens_per_s": rate(out_tokens + (tokens["prompt"] or 0)),
         "tokens": tokens,
         "cached_share": _cached_share(ok),
         "ttft_s": distribution([r.ttft for r in ok if r.ttft is not None]),
