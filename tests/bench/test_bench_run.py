@@ -192,7 +192,11 @@ def test_server_that_fails_to_start_is_reported(tmp_path, capsys):
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 2 and all(r["requests"]["ok"] == 0 for r in runs)
     assert runs[0]["fatal"].startswith("launch failed: server exited with code 1")
-    assert "refusing to start (--fail)" in capsys.readouterr().err  # the server's output tail
+    err = capsys.readouterr().err
+    assert "refusing to start (--fail)" in err  # the server's output tail
+    log = Path(err.split("full log: ", 1)[1].split(")", 1)[0])
+    assert log.exists()  # kept for the user to read
+    log.unlink()
 
 
 def test_launch_targets_get_common_and_own_server_args(monkeypatch, tmp_path):
