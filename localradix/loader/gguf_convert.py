@@ -83,8 +83,8 @@ def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
 
     from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, unpermute_qk
 
-    tensors = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
-    tensors = [(name, t) for name, t in tensors if name is not None]
+    named = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
+    tensors = [(name, t) for name, t in named if name is not None]
     total = sum(t.n_elements for _, t in tensors)
     plan = [(name, t, _cache_dtype(t, total)) for name, t in tensors]
     header = _safetensors_header(plan)

@@ -80,7 +80,7 @@ class _Cursor:
 
 def read_gguf(path: str | Path, tensors: bool = True) -> GGUFFile:
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    cur = _Cursor(memoryview(data))
+    cur = _Cursor(memoryview(data))  # type: ignore[arg-type]  # a memmap is a buffer
     if bytes(cur.buf[:4]) != GGUF_MAGIC:
         raise ValueError(f"{path} is not a GGUF file")
     cur.pos = 4

@@ -32,8 +32,9 @@ class Tokenizer:
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         eos = list(eos_token_ids)
         eos_token = self.special_tokens.get("eos_token")
-        if eos_token is not None and backend.token_to_id(eos_token) is not None:
-            eos.insert(0, backend.token_to_id(eos_token))
+        eos_id = None if eos_token is None else backend.token_to_id(eos_token)
+        if eos_id is not None:
+            eos.insert(0, eos_id)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))  # ordered, unique
 
     @property
