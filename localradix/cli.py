@@ -24,6 +24,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "serve": Command("localradix.server.launch", "add_serve_parser", "run_serve"),
     "bench": Command("localradix.bench", "add_bench_parser", "run_bench"),
+    "doctor": Command("localradix.doctor", "add_doctor_parser", "run_doctor"),
 }
 DEFAULT_COMMAND: str | None = None  # what a bare `localradix` runs (None: print help)
 

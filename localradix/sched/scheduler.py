@@ -50,6 +50,11 @@ class Scheduler:
         self.decode = decode
         self.vocab_size = vocab_size
         self.grammar = grammar
+        if args.page_size != 1:
+            # The radix cache and pool handle pages; admission does not round to pages yet.
+            raise ValueError(
+                f"--page-size {args.page_size} is not supported by the scheduler yet; use 1"
+            )
         self.pool = KVPool(runner.kv_capacity, page_size=args.page_size)
         self.req_pool = ReqToTokenPool(args.max_running_requests + 2, context_len + 1)
         self.cache = RadixCache(
