@@ -18,7 +18,7 @@ HELP = """\
 [b $text-primary]Panels[/]
   [b]KV memory[/]   [$text-warning]█ used[/] by running requests, [$text-success]▓ cached[/] (evictable), [$text-muted]░ free[/]
   [b]Hit rate[/]    prompt tokens served from the cache: last 5 s ("now") and
-              since start ("total"); a column per second, blank = no prompts
+              since start ("total"); a column per second that admitted prompts
   [b]Throughput[/]  prefill and decode tokens/s, a column per second
   [b]Batch[/]       running and waiting requests: prompt / cached / generated
               tokens, time to first token, decode speed, retractions

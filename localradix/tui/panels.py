@@ -101,7 +101,7 @@ class KvPanel(Panel):
         s = view.stats
         used, cached, free = s.get("kv_used"), s.get("kv_cached"), s.get("kv_free")
         total = s.get("kv_total")
-        self.border_title = f"KV memory · {fmt.count(total)} tok"
+        self.border_title = f"KV memory · {fmt.count(total)}"
         cells = bar_cells([used, cached, free], width)
         bar = "".join(
             f"[{style}]{glyph * n}[/]"
@@ -123,14 +123,22 @@ class KvPanel(Panel):
 
 
 class HitRatePanel(Panel):
+    """Now (last 5 s) and lifetime; the plot has one column per second that admitted prompts,
+    so a burst stays readable after the server goes idle."""
+
     def lines(self, view: View, width: int) -> list[str]:
-        s, now = view.stats, view.trends.hit_rate_now
-        now_text = f"[b $text-success]{fmt.pct(now)}[/]" if now is not None else "[dim]idle[/]"
-        spark = spark_rows(view.trends.hit_series(), width, 2, top=1.0)
+        s, t = view.stats, view.trends
+        busy = [v for v in t.hit_series() if v is not None]
+        if t.hit_rate_now is not None:
+            now = f"now [b $text-success]{fmt.pct(t.hit_rate_now)}[/]"
+        elif busy:
+            now = f"[dim]last[/] [b]{fmt.pct(busy[-1])}[/]"
+        else:
+            now = "now [dim]idle[/]"
         hit, miss = s.get("cache_hit_tokens"), s.get("cache_miss_tokens")
         return [
-            f"now {now_text}  total {fmt.pct(s.hit_rate_total)}",
-            *(f"[$text-success]{r}[/]" for r in spark),
+            f"{now}  total {fmt.pct(s.hit_rate_total)}",
+            *(f"[$text-success]{r}[/]" for r in spark_rows(busy, width, 2, top=1.0)),
             f"[dim]hit {fmt.count(hit)} · miss {fmt.count(miss)}[/]",
         ]
 

@@ -24,6 +24,7 @@ class RowsTable(DataTable):
 
     COLUMNS: tuple[tuple[str, str, int], ...] = ()
     TITLE = ""
+    EMPTY = "none"  # the subtitle while there are no rows
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(show_cursor=False, zebra_stripes=False, **kw)
@@ -54,7 +55,9 @@ class RowsTable(DataTable):
             self.columns[last].width = flex  # type: ignore[index]
             self._require_update_dimensions = True
         self.border_title = self.title_for(view)
-        self.sync([list(r) for r in self.rows_for(view, flex)])
+        rows = self.rows_for(view, flex)
+        self.border_subtitle = "" if rows else self.EMPTY
+        self.sync(rows)
 
     def sync(self, new_rows: Sequence[list[Text]]) -> None:
         for i in range(len(new_rows), self.row_count):
@@ -84,27 +87,30 @@ def num(v: Any, render=fmt.count, style: str = "") -> Text:
 
 
 def short_id(rid: Any, width: int = 10) -> str:
+    """The id's last `width` characters: ids of one server share a head and differ at the end."""
     s = str(rid) if rid is not None else fmt.DASH
     for p in ID_PREFIXES:
         if s.startswith(p) and len(s) > len(p):
             s = s[len(p) :]
             break
-    return s[:width]
+    return s[-width:]
 
 
 def tokens_per_s(row: Mapping[str, Any]) -> float | None:
-    """The request's decode speed: reported, else generated / time since its first token."""
+    """The request's decode speed: reported, else the tokens after the first one over the time
+    since the first one (None until there are two)."""
     rate = fmt.number(first(row, "tokens_per_s", "decode_tokens_per_s"))
     if rate is not None:
         return rate
     gen, age, ttft = (fmt.number(row.get(k)) for k in ("generated_tokens", "age_s", "ttft_s"))
-    if gen is None or age is None or ttft is None or age - ttft <= 0 or gen < 1:
+    if gen is None or age is None or ttft is None or gen < 2 or age - ttft <= 0:
         return None
-    return gen / (age - ttft)
+    return (gen - 1) / (age - ttft)
 
 
 class BatchTable(RowsTable):
     TITLE = "Running batch"
+    EMPTY = "idle"
     COLUMNS = (
         ("id", "id", 10),
         ("state", "state", 8),
@@ -150,6 +156,7 @@ class BatchTable(RowsTable):
 
 class PrefixTable(RowsTable):
     TITLE = "Radix cache · largest prefixes"
+    EMPTY = "empty"
     COLUMNS = (
         ("tokens", "tokens", 6),
         ("hits", "hits", 5),
@@ -184,6 +191,7 @@ class PrefixTable(RowsTable):
 
 class MissTable(RowsTable):
     TITLE = "Cache misses · why"
+    EMPTY = "none reported"
     COLUMNS = (("id", "id", 8), ("matched", "cached", 11), ("why", "diverged", 0))
 
     def rows_for(self, view: View, flex: int) -> list[list[Text]]:

@@ -43,7 +43,7 @@ async def test_panels_render_the_numbers_they_are_given():
         text = screen_text(app)
     for expected in [
         "SmolLM2-135M-Instruct", "cpu · cpu · float32", "up 0:12:37", "● live",
-        "KV memory · 131k tok", "used      4096    3%", "cached   32.8k   25%",
+        "KV memory · 131k", "used      4096    3%", "cached   32.8k   25%",
         "free     94.2k   72%",
         "now 90%", "total 90%",  # 9270 / 10300 lifetime
         "prefill 1234/s", "decode  56/s",
@@ -215,3 +215,20 @@ async def test_a_failing_feed_shows_a_banner_not_a_traceback():
         assert "stats feed failed: decoder exploded" in screen_text(app)
         await settle(pilot, 1.2)
         assert feed.calls >= 2 and app.is_running  # it retried
+
+
+async def test_hit_rate_keeps_the_last_burst_readable_when_idle():
+    app, feed = make_app()
+    async with app.run_test() as pilot:
+        snap = snapshot()
+        feed.push(Snapshot(snap))
+        snap = advance(snap, 1, hit=80, miss=20)
+        feed.push(Snapshot(snap))
+        await settle(pilot)
+        assert "now 80%" in screen_text(app)
+        for _ in range(30):  # half a minute without prompts
+            snap = advance(snap, 1, hit=0, miss=0)
+            feed.push(Snapshot(snap))
+        await settle(pilot)
+        text = screen_text(app)
+        assert "last 80%" in text and "now" not in text.split("Cache hit rate")[1][:60]

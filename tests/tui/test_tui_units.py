@@ -116,9 +116,11 @@ def test_bar_cells_split_the_width_and_keep_slivers():
 
 
 def test_request_helpers():
-    assert short_id("chatcmpl-abcdef0123456") == "abcdef0123"
+    assert short_id("chatcmpl-abcdef0123456") == "def0123456"
+    assert short_id("e01a7c76a-7") == "01a7c76a-7"
     assert short_id(None) == fmt.DASH
-    assert tokens_per_s({"generated_tokens": 20, "age_s": 1.25, "ttft_s": 0.25}) == 20
+    assert tokens_per_s({"generated_tokens": 21, "age_s": 1.25, "ttft_s": 0.25}) == 20
+    assert tokens_per_s({"generated_tokens": 1, "age_s": 9, "ttft_s": 9}) is None
     assert tokens_per_s({"generated_tokens": 0, "age_s": 1, "ttft_s": None}) is None
     assert tokens_per_s({"tokens_per_s": 33.0}) == 33.0
 
