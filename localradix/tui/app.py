@@ -90,17 +90,26 @@ class LocalRadixApp(App):
             self.theme = theme
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar(id="header")
-        yield Banner(id="banner")
+        # Kept as attributes: the feed updates them while the chat or help screen is on top.
+        self.header = HeaderBar(id="header")
+        self.banner = Banner(id="banner")
+        self.status = StatusLine(id="status")
+        top = [KvPanel(id="kv"), HitRatePanel("Cache hit rate", id="hits")]
+        top.append(ThroughputPanel("Throughput", id="throughput"))
+        self.panels: list[Panel] = [self.header, *top, self.status]
+        self.tables: list[RowsTable] = [
+            BatchTable(id="batch"),
+            PrefixTable(id="prefixes"),
+            MissTable(id="misses"),
+        ]
+        yield self.header
+        yield self.banner
         with Horizontal(id="top"):
-            yield KvPanel(id="kv")
-            yield HitRatePanel("Cache hit rate", id="hits")
-            yield ThroughputPanel("Throughput", id="throughput")
-        yield StatusLine(id="status")
-        yield BatchTable(id="batch")
+            yield from top
+        yield self.status
+        yield self.tables[0]
         with Horizontal(id="bottom"):
-            yield PrefixTable(id="prefixes")
-            yield MissTable(id="misses")
+            yield from self.tables[1:]
         yield Footer()
 
     def on_mount(self) -> None:
@@ -174,7 +183,7 @@ class LocalRadixApp(App):
         return self.server is not None and self.server.poll() is not None
 
     def set_banner(self, message: str) -> None:
-        self.query_one(Banner).set_message(message)
+        self.banner.set_message(message)
 
     # -- rendering --------------------------------------------------------------------------
 
@@ -192,18 +201,14 @@ class LocalRadixApp(App):
         """Show the latest data; while paused only the header changes (to say so).
         `force` redraws the paused view too (the table colours follow the theme)."""
         if self.paused and force:
-            for table in self.query(RowsTable):
+            for table in self.tables:
                 table.show(table.view)
         if self.paused:
-            header = self.query_one(HeaderBar)
-            header.show(replace(header.view, paused=True, connected=self.connected))
+            self.header.show(replace(self.header.view, paused=True, connected=self.connected))
             return
         view = self.view()
-        for panel in self.query(Panel):
-            if not isinstance(panel, Banner):
-                panel.show(view)
-        for table in self.query(RowsTable):
-            table.show(view)
+        for widget in (*self.panels, *self.tables):
+            widget.show(view)
 
     def sample_system(self) -> None:
         try:
@@ -211,7 +216,7 @@ class LocalRadixApp(App):
         except Exception:  # noqa: BLE001 - psutil hiccups must not kill the dashboard
             self.local_system = SystemSample(source="none")
         if not self.paused:
-            self.query_one(StatusLine).show(self.view())
+            self.status.show(self.view())
         if self.server is not None and not self.connected:
             self.set_banner(self.waiting_message("not answering yet"))
 

@@ -232,3 +232,19 @@ async def test_hit_rate_keeps_the_last_burst_readable_when_idle():
         await settle(pilot)
         text = screen_text(app)
         assert "last 80%" in text and "now" not in text.split("Cache hit rate")[1][:60]
+
+
+async def test_the_dashboard_keeps_updating_behind_the_chat_and_help_screens():
+    app, feed = make_app()
+    async with app.run_test() as pilot:
+        await pilot.press("c")
+        await settle(pilot)
+        feed.push(Disconnected("connection refused", 1.0))
+        feed.push(Snapshot(snapshot(running=6)))
+        await pilot.press("escape", "question_mark")
+        feed.push(Snapshot(snapshot(running=4, queued=12)))
+        await settle(pilot)
+        await pilot.press("escape")
+        await settle(pilot)
+        text = screen_text(app)
+        assert "running 4" in text and "waiting 12" in text and "feed failed" not in text
