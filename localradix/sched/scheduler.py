@@ -50,13 +50,11 @@ class Scheduler:
         self.decode = decode
         self.vocab_size = vocab_size
         self.grammar = grammar
-        if args.page_size != 1:
-            # The radix cache and pool handle pages; admission does not round to pages yet.
-            raise ValueError(
-                f"--page-size {args.page_size} is not supported by the scheduler yet; use 1"
-            )
-        self.pool = KVPool(runner.kv_capacity, page_size=args.page_size)
-        self.req_pool = ReqToTokenPool(args.max_running_requests + 2, context_len + 1)
+        self.page = args.page_size
+        self.pool = KVPool(runner.kv_capacity, page_size=self.page)
+        # Rows reach past the context by up to a page: a request reserves its open page whole.
+        row_width = self._round_up(context_len + 1) + self.page
+        self.req_pool = ReqToTokenPool(args.max_running_requests + 2, row_width)
         self.cache = RadixCache(
             self.pool,
             page_size=args.page_size,
@@ -168,8 +166,16 @@ class Scheduler:
         return self._collect_outputs()
 
     def check_invariants(self, idle: bool = False) -> None:
-        owned = [self.req_pool.table[r.row, r.cached_len : r.kv_len] for r in self._holders()]
+        owned = [self._owned_slots(r) for r in self._holders()]
         check_invariants(self.pool, self.cache, idle=idle, owned=owned)
+
+    def _owned_slots(self, req: Req) -> np.ndarray:
+        """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
+        assert req.row is not None
+        return self.req_pool.table[req.row, req.cached_len : self._round_up(req.kv_len)]
+
+    def _round_up(self, n: int) -> int:
+        return -(-n // self.page) * self.page
 
     def _holders(self) -> list[Req]:
         held = [r for r in self.running]
@@ -234,10 +240,10 @@ class Scheduler:
         key = req.all_ids
         todo = len(key) - req.kv_len
         extend = budget.extend_size(req, todo) or min(todo, max(budget.chunk_size, 1))
-        slots = self.pool.alloc(extend)
-        if slots is None:
+        extend = self._align_chunk(extend, todo) or min(todo, self.page)
+        if not self._reserve(req, extend):
             return False
-        self._place(req, slots, extend)
+        self._start_extend(req, extend)
         self.chunked = req if extend < todo else None
         budget.take(req, extend, key, finishes_prompt=extend == todo)
         return True
@@ -247,11 +253,12 @@ class Scheduler:
         self._match(req)  # fresh: an earlier admission this step may have evicted nodes
         key = req.all_ids
         match = req.prefix_match
-        cached = min(match.matched_len, len(key) - 1)  # always compute >= 1 token for logits
+        # Always compute >= 1 token (for logits), and start on a page boundary.
+        cached = min(match.matched_len, len(key) - 1) // self.page * self.page
         if budget.shares_new_prefix(key, cached):
             return "skip"
         todo = len(key) - cached
-        extend = budget.extend_size(req, todo)
+        extend = self._align_chunk(budget.extend_size(req, todo), todo)
         if extend == 0:
             return "stop"
         if extend < todo and self.chunked is not None:
@@ -261,15 +268,16 @@ class Scheduler:
             return "stop"
         evictable_before = self.cache.evictable_size
         self.cache.lock(match.last_node)
-        slots = self.pool.alloc(extend)
-        if slots is None:
+        req.row, req.kv_len = row, cached
+        if not self._reserve(req, extend):
             self.cache.unlock(match.last_node)
             self.req_pool.free(row)
+            req.row, req.kv_len = None, 0
             return "stop"
         budget.room -= evictable_before - self.cache.evictable_size
-        req.row, req.last_node, req.cached_len, req.kv_len = row, match.last_node, cached, cached
+        req.last_node, req.cached_len = match.last_node, cached
         self.req_pool.table[row, :cached] = match.indices[:cached]
-        self._place(req, slots, extend)
+        self._start_extend(req, extend)
         if req.cached_tokens < 0:
             req.cached_tokens = cached
             self.cache.record_hit(cached, len(req.prompt_ids) - cached)
@@ -278,30 +286,53 @@ class Scheduler:
         budget.take(req, extend, key, finishes_prompt=extend == todo)
         return "ok"
 
-    def _place(self, req: Req, slots: np.ndarray, extend: int) -> None:
+    def _align_chunk(self, extend: int, todo: int) -> int:
+        """A chunk that stops short of the prompt's end must end on a page boundary."""
+        return extend if extend >= todo else extend // self.page * self.page
+
+    def _reserve(self, req: Req, n: int) -> bool:
+        """Map positions [kv_len, kv_len + n) to slots: the rest of the request's open page,
+        then whole new pages (their unused tail stays reserved in the table row)."""
         assert req.row is not None
-        self.req_pool.table[req.row, req.kv_len : req.kv_len + extend] = slots
+        start, open_end = req.kv_len, self._round_up(req.kv_len)
+        need = n - min(open_end - start, n)
+        if need == 0:
+            return True
+        slots = self.pool.alloc(self._round_up(need))
+        if slots is None:
+            return False
+        self.req_pool.table[req.row, open_end : open_end + len(slots)] = slots
+        return True
+
+    def _start_extend(self, req: Req, extend: int) -> None:
         req.extend_len = extend
         req.state = ReqState.PREFILL
 
     # ---- decode and retraction -----------------------------------------------------------
 
     def _schedule_decode(self) -> list[Req]:
-        if not self.running:
-            return []
-        while self.pool.available + self.cache.evictable_size < len(self.running):
+        while (
+            self.running and self.pool.available + self.cache.evictable_size < self._decode_need()
+        ):
             self._retract_one()
         if not self.running:
             return []
-        slots = self.pool.alloc(len(self.running))
+        opening = [r for r in self.running if r.kv_len % self.page == 0]  # need a new page
+        slots = self.pool.alloc(len(opening) * self.page)
         assert slots is not None, "decode room was checked just above"
-        for req, slot in zip(self.running, slots):
+        for i, req in enumerate(opening):
             assert req.row is not None
-            self.req_pool.table[req.row, req.kv_len] = slot
+            page = slots[i * self.page : (i + 1) * self.page]
+            self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
+        for req in self.running:
             req.extend_len = 1
         step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
         return list(self.running)
+
+    def _decode_need(self) -> int:
+        """Slots one decode step must allocate: a page for each request whose page is full."""
+        return sum(r.kv_len % self.page == 0 for r in self.running) * self.page
 
     def _retract_one(self) -> None:
         """Send the request with the fewest generated tokens back to the queue, prefix cached."""
@@ -454,15 +485,14 @@ class Scheduler:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
         if req.row is None:
             return
-        slots = self.req_pool.table[req.row, : req.kv_len].copy()
+        slots = self.req_pool.table[req.row, : self._round_up(req.kv_len)].copy()
         if self.cache.disable:
             self.pool.free(slots)
         else:
-            page = self.args.page_size
-            whole = req.kv_len // page * page
+            whole = req.kv_len // self.page * self.page  # the tree keeps whole pages only
             already = self.cache.insert(req.all_ids[:whole], slots[:whole], req.extra_key)
             self.pool.free(slots[req.cached_len : already])
-            self.pool.free(slots[whole:])
+            self.pool.free(slots[whole:])  # the open page, reserved tail included
             self.cache.unlock(req.last_node)
         self.req_pool.free(req.row)
         req.row, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
@@ -506,7 +536,7 @@ class Scheduler:
             queued=len(self.waiting),
             kv_total=self.pool.total,
             kv_used=self.cache.protected_size
-            + sum(r.kv_len - r.cached_len for r in self._holders()),
+            + sum(len(self._owned_slots(r)) for r in self._holders()),
             kv_cached=self.cache.evictable_size,
             kv_free=self.pool.available,
             cache_hit_tokens=self.cache.hit_tokens,

@@ -86,15 +86,19 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     A plain argmax loop, because `generate(min_new_tokens=...)` masks EOS and so is not the
     model's own greedy choice.
     """
+    import inspect
+
     import torch
 
+    # transformers 5 renamed `past_key_values` to `cache`
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = torch.tensor([prompt])
     out: list[int] = []
     past = None
     with torch.no_grad():
         for _ in range(n):
-            result = model(ids, past_key_values=past, use_cache=True)
-            past = result.past_key_values
+            result = model(ids, use_cache=True, **{name: past})
+            past = getattr(result, name)
             token = int(result.logits[0, -1].argmax())
             out.append(token)
             ids = torch.tensor([[token]])

@@ -83,3 +83,35 @@ def test_retraction_under_kv_pressure_matches(tiny_model, policy):
         assert _tokens(results) == refs
         assert engine.stats().retractions > 0
         engine.check_invariants(idle=True)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_paged_kv_matches(tiny_model, page_size):
+    folder, hf = tiny_model("qwen2")
+    prompts = _prompts(5, lengths=(37, 16, 50, 3))
+    prompts.append(prompts[2][:32] + [9, 9])  # shares two or more whole pages with another
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    with Engine(
+        str(folder),
+        dtype="float32",
+        max_total_tokens=4096,
+        page_size=page_size,
+        chunked_prefill_size=24,
+    ) as engine:
+        assert [engine.generate([p], GREEDY)[0].token_ids for p in prompts] == refs
+        again = engine.generate(prompts, GREEDY)
+        assert _tokens(again) == refs
+        assert again[2].cached_tokens == (len(prompts[2]) - 1) // page_size * page_size
+        engine.check_invariants(idle=True)
+    long = _prompts(6, lengths=(40, 41, 42, 43, 44, 45))
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    with Engine(
+        str(folder),
+        dtype="float32",
+        max_total_tokens=320,
+        new_token_ratio=0.05,
+        page_size=page_size,
+    ) as engine:
+        assert _tokens(engine.generate(long, params)) == [hf_greedy(hf, p, 40) for p in long]
+        assert engine.stats().retractions > 0
+        engine.check_invariants(idle=True)
