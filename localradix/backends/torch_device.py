@@ -1,8 +1,8 @@
-"""The torch reference runner on a torch device: what the cpu/cuda/rocm/npu backends build today.
+"""The torch reference runner on a torch device (the cpu backend), and device descriptions.
 
-The CUDA, ROCm and NPU specific runners (FlashInfer / vendor attention, graph capture, device
-memory accounting) are a later issue; until then those backends run `TorchRunner` with the
-torch-native attention on their device. Torch is imported only inside these functions.
+The CUDA, ROCm and NPU backends build `DeviceRunner` instead (`localradix.backends.cuda.runner`:
+FlashInfer / vendor attention, decode graphs, KV sized from device memory). Torch is imported
+only inside these functions.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch_native": "localradix.runner.attention_torch:TorchNativeAttention",
+    "flashinfer": "localradix.runner.attention_flashinfer:FlashInferAttention",
+    "npu_fused": "localradix.backends.npu.attention:NpuFusedAttention",
 }
 
 

@@ -1,5 +1,6 @@
-"""CUDA backend (NVIDIA). For now it runs the torch reference runner on "cuda" (torch-native
-attention, no graphs); the FlashInfer + CUDA-graph runner is a later issue."""
+"""CUDA backend (NVIDIA): the device runner with FlashInfer paged attention (bf16 by default),
+CUDA-graph capture of decode steps and a KV pool sized from free GPU memory. Without the
+flashinfer package, or in float32, it runs the torch-native attention (and no graphs)."""
 
 from localradix.platform import BackendSpec
 
@@ -8,10 +9,13 @@ SPEC = BackendSpec(
     priority=100,
     description="torch on NVIDIA GPUs",
     probe_fn="localradix.backends.cuda.probe:probe",
-    create_runner_fn="localradix.backends.torch_device:create_torch_runner",
+    create_runner_fn="localradix.backends.cuda.runner:create_cuda_runner",
     requires=("torch",),
     install_hint="pip install 'localradix[cuda]'",
     dtypes=("bfloat16", "float16", "float32"),
     default_dtype="bfloat16",
     device_types=("cuda",),
+    # attention_backend stays the torch-native default (the fallback); the runner switches to
+    # FlashInfer where it can run (see `runner.py`), with CUDA graphs for decode.
+    supports_graphs=True,
 )

@@ -1,5 +1,5 @@
-"""Ascend NPU backend (torch_npu). For now it runs the torch reference runner on "npu"
-(torch-native attention); the vendor attention ops are a later issue."""
+"""Ascend NPU backend (torch_npu): the device runner on "npu" with torch_npu's fused attention
+for decode steps and torch-native paged attention for the rest (and in float32)."""
 
 from localradix.platform import BackendSpec
 
@@ -8,10 +8,11 @@ SPEC = BackendSpec(
     priority=80,
     description="torch_npu on Huawei Ascend NPUs",
     probe_fn="localradix.backends.npu.probe:probe",
-    create_runner_fn="localradix.backends.torch_device:create_torch_runner",
+    create_runner_fn="localradix.backends.npu.runner:create_npu_runner",
     requires=("torch", "torch_npu"),
     install_hint="pip install 'localradix[npu]', with Ascend CANN",
     dtypes=("bfloat16", "float16", "float32"),
     default_dtype="bfloat16",
     device_types=("npu",),
+    attention_backend="npu_fused",
 )

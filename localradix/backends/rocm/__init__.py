@@ -1,5 +1,6 @@
-"""ROCm backend (AMD): a HIP build of torch, whose devices torch names "cuda". For now it runs
-the torch reference runner (torch-native attention, no graphs); kernels are a later issue."""
+"""ROCm backend (AMD): a HIP build of torch, whose devices torch names "cuda". The CUDA device
+runner with FlashInfer+ROCm attention and decode graphs on MI300-class GPUs (gfx942/gfx950),
+torch-native (SDPA) attention elsewhere; see `localradix.backends.rocm.runner`."""
 
 from localradix.platform import BackendSpec
 
@@ -8,10 +9,13 @@ SPEC = BackendSpec(
     priority=90,
     description="torch (HIP build) on AMD GPUs",
     probe_fn="localradix.backends.rocm.probe:probe",
-    create_runner_fn="localradix.backends.torch_device:create_torch_runner",
+    create_runner_fn="localradix.backends.rocm.runner:create_rocm_runner",
     requires=("torch",),
     install_hint="pip install 'localradix[rocm]' --index-url https://download.pytorch.org/whl/rocm6.2",
     dtypes=("bfloat16", "float16", "float32"),
     default_dtype="bfloat16",
     device_types=("cuda", "hip"),
+    # attention_backend stays the torch-native default (the fallback); the runner switches to
+    # FlashInfer where it can run (see `runner.py`), with CUDA graphs for decode.
+    supports_graphs=True,
 )

@@ -1,0 +1,187 @@
+"""Overlap scheduling support: launch step N+1 before step N's tokens reach the host.
+
+`OverlapRunner.launch(batch, sampling)` enqueues a step on the device and returns at once with a
+`PendingStep`: the sampled tokens stay on the device, are copied to pinned host memory without
+waiting, and an event marks when the copy is done. The host can therefore schedule the next
+step while the device computes this one, and read this step's results (`PendingStep.result()`)
+after launching the next.
+
+A request whose last token is still on the device is scheduled with a *placeholder* id instead
+(`PendingStep.placeholders[i]`, negative): the runner swaps placeholders for the sampled tokens
+on the device (`resolve_placeholders`), from a ring of future tokens (`FutureTokens`), as
+SGLang's overlap scheduler does. The ring holds `capacity` tokens; a placeholder stays valid
+while fewer than `capacity` newer tokens have been launched after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.sampler import _sample_random, apply_penalties, apply_vocab_mask
+from localradix.sched.batch import ForwardBatch
+
+
+class LogitsRunner(Protocol):
+    """What the overlap runner drives (e.g. `DeviceRunner`)."""
+
+    kv_capacity: int
+    device: Any
+
+    def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 [num_reqs, vocab] on the device; `input_ids` already on the device."""
+        ...
+
+
+class FutureTokens:
+    """Host bookkeeping of the ring: which ring entries each step's tokens go to.
+
+    Placeholder of ring entry k is -(k + 1), so it can never be mistaken for a token id.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._next = 0
+
+    def reserve(self, n: int) -> np.ndarray:
+        """Ring entries (int64 [n]) for the next n sampled tokens, wrapping around."""
+        if n > self.capacity:
+            raise ValueError(f"{n} tokens in one step exceed the ring of {self.capacity}")
+        entries = (self._next + np.arange(n, dtype=np.int64)) % self.capacity
+        self._next = (self._next + n) % self.capacity
+        return entries
+
+    @staticmethod
+    def placeholders(entries: np.ndarray) -> np.ndarray:
+        return -(entries + 1)
+
+
+def resolve_placeholders(input_ids: torch.Tensor, ring: torch.Tensor) -> torch.Tensor:
+    """Token ids with every placeholder -(k + 1) replaced by ring[k] (on the ids' device)."""
+    entries = (-input_ids - 1).clamp_(min=0)
+    return torch.where(input_ids < 0, ring[entries], input_ids)
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """Sampling results still on the device (or being copied to the host)."""
+
+    token_ids: torch.Tensor  # int64 [B]
+    logprobs: torch.Tensor | None = None  # float32 [B]
+    top_ids: torch.Tensor | None = None  # int64 [B, k]
+    top_logprobs: torch.Tensor | None = None  # float32 [B, k]
+
+    def map(self, fn: Any) -> DeviceSample:
+        def each(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
+        return DeviceSample(
+            fn(self.token_ids), each(self.logprobs), each(self.top_ids), each(self.top_logprobs)
+        )
+
+
+def sample_on_device(logits: torch.Tensor, sb: SamplingBatch) -> DeviceSample:
+    """`runner.sampler.sample` without the copy to the host (so nothing waits on the device)."""
+    if sb.any_penalty:
+        logits = apply_penalties(logits, sb)
+    if sb.vocab_mask is not None:
+        logits = apply_vocab_mask(logits, sb.vocab_mask)
+    tokens = logits.argmax(dim=-1) if sb.all_greedy else _sample_random(logits, sb)
+    k = sb.max_logprobs
+    if k < 0:
+        return DeviceSample(tokens)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    if k == 0:
+        return DeviceSample(tokens, chosen)
+    top_lp, top_ids = logprobs.topk(k, dim=-1)
+    return DeviceSample(tokens, chosen, top_ids, top_lp)
+
+
+class HostCopies:
+    """Non-blocking device-to-host copies and an event to wait on; synchronous on the CPU."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.type = torch.device(device).type
+        self.api: Any = None if self.type == "cpu" else getattr(torch, self.type)
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        if self.api is None:
+            return t.clone()
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.type == "cuda")
+        return out.copy_(t, non_blocking=True)
+
+    def event(self) -> Any:
+        if self.api is None:
+            return _DoneEvent()
+        event = self.api.Event()
+        event.record()
+        return event
+
+
+class _DoneEvent:
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class PendingStep:
+    """A launched step: placeholders for its tokens now, its results once the device is done."""
+
+    placeholders: np.ndarray  # int64 [B]: what the next step passes as these requests' ids
+    host: DeviceSample  # host tensors being filled by non-blocking copies
+    event: Any  # recorded after the copies
+
+    def done(self) -> bool:
+        return bool(self.event.query())
+
+    def result(self) -> SampleOutput:
+        """Waits for the copies (not for later steps) and returns the sampled tokens."""
+        self.event.synchronize()
+        h = self.host
+
+        def arr(t: torch.Tensor | None) -> np.ndarray | None:
+            return None if t is None else t.numpy()
+
+        return SampleOutput(
+            h.token_ids.numpy(), arr(h.logprobs), arr(h.top_ids), arr(h.top_logprobs)
+        )
+
+
+class OverlapRunner(ModelRunner):
+    """Wraps a `LogitsRunner` so steps can be launched ahead of reading their results."""
+
+    def __init__(
+        self, runner: LogitsRunner, capacity: int = 4096, copies: HostCopies | None = None
+    ) -> None:
+        self.runner = runner
+        self.kv_capacity = runner.kv_capacity
+        self.futures = FutureTokens(capacity)
+        self.ring = torch.zeros(capacity, dtype=torch.long, device=runner.device)
+        self.copies = copies if copies is not None else HostCopies(runner.device)
+
+    def launch(self, batch: ForwardBatch, sampling: SamplingBatch) -> PendingStep:
+        """Enqueue forward + sampling of `batch`; its ids may hold earlier steps' placeholders."""
+        with torch.inference_mode():
+            ids = torch.from_numpy(batch.input_ids).to(self.runner.device, non_blocking=True)
+            if bool((batch.input_ids < 0).any()):
+                ids = resolve_placeholders(ids, self.ring)
+            out = sample_on_device(self.runner.logits(batch, ids), sampling)
+            entries = self.futures.reserve(batch.num_reqs)
+            index = torch.from_numpy(entries).to(self.runner.device, non_blocking=True)
+            self.ring.index_copy_(0, index, out.token_ids)
+            host = out.map(self.copies.to_host)
+            return PendingStep(FutureTokens.placeholders(entries), host, self.copies.event())
+
+    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
+        """Synchronous use (no overlap): launch and wait."""
+        return self.launch(batch, sampling).result()

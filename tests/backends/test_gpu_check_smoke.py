@@ -1,0 +1,27 @@
+"""scripts/gpu_check.py --smoke: the GPU check's parity and benchmark code, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+def test_gpu_check_smoke_runs_on_cpu(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--hbm-gbps", "20", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[PASS] fp32 greedy vs transformers" in done.stdout
+    assert "roofline batch 1:" in done.stdout and "prefill 64 tokens" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["failed"] == [] and result["checks"]["fp32 greedy vs transformers"]
+    assert set(result["numbers"]) >= {"decode_b1_tok_s", "decode_b4_tok_s", "roofline_b1"}
+    assert result["skipped"] == ["bf16 FlashInfer parity (needs CUDA)"]
