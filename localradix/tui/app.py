@@ -74,9 +74,13 @@ class LocalRadixApp(App):
         system_interval: float = 1.0,
         theme: str | None = None,
         chat_max_tokens: int = 512,
+        render_interval: float = 0.25,
     ) -> None:
         super().__init__()
         self.chat_max_tokens = chat_max_tokens
+        self.render_interval = render_interval  # snapshots arriving faster are coalesced
+        self._rendered_at = -1e9
+        self._render_pending = False
         self.feed, self.api, self.server, self.clock = feed, api, server, clock
         self.probe = probe or SystemProbe(local=False)
         self.system_interval = system_interval
@@ -151,8 +155,25 @@ class LocalRadixApp(App):
         elif isinstance(event, Disconnected):
             self.connected = False
             self.set_banner(self.disconnected_message(event))
-        if not self.paused or not isinstance(event, Snapshot):
+        if isinstance(event, Snapshot):
+            self.request_render()
+        else:
             self.render_view()
+
+    def request_render(self) -> None:
+        """Render now, or once at the end of the current interval if one just happened."""
+        if self.paused:
+            return
+        wait = self._rendered_at + self.render_interval - time.monotonic()
+        if wait <= 0:
+            self.render_view()
+        elif not self._render_pending:
+            self._render_pending = True
+            self.set_timer(wait, self._deferred_render)
+
+    def _deferred_render(self) -> None:
+        self._render_pending = False
+        self.render_view()
 
     def on_connected(self) -> None:
         self.connected = self.ever_connected = True
@@ -206,6 +227,7 @@ class LocalRadixApp(App):
         if self.paused:
             self.header.show(replace(self.header.view, paused=True, connected=self.connected))
             return
+        self._rendered_at = time.monotonic()
         view = self.view()
         for widget in (*self.panels, *self.tables):
             widget.show(view)

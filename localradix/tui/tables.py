@@ -29,6 +29,7 @@ class RowsTable(DataTable):
     def __init__(self, **kw: Any) -> None:
         super().__init__(show_cursor=False, zebra_stripes=False, **kw)
         self.view = View()
+        self.shown: list[list[tuple]] = []  # what each row's cells show now
         self.border_title = self.TITLE
 
     def on_mount(self) -> None:
@@ -60,15 +61,20 @@ class RowsTable(DataTable):
         self.sync(rows)
 
     def sync(self, new_rows: Sequence[list[Text]]) -> None:
+        """Row i becomes new_rows[i]; only cells whose text or style changed are touched."""
         for i in range(len(new_rows), self.row_count):
             self.remove_row(str(i))
+        del self.shown[len(new_rows) :]
         for i, cells in enumerate(new_rows):
-            key = str(i)
-            if key in self.rows:
-                for (col, _, _), cell in zip(self.COLUMNS, cells, strict=True):
-                    self.update_cell(key, col, cell)
-            else:
+            key, seen = str(i), [_signature(c) for c in cells]
+            if key not in self.rows:
                 self.add_row(*cells, key=key)
+                self.shown.append(seen)
+                continue
+            for j, ((col, _, _), cell) in enumerate(zip(self.COLUMNS, cells, strict=True)):
+                if self.shown[i][j] != seen[j]:
+                    self.update_cell(key, col, cell)
+            self.shown[i] = seen
 
     def color(self, name: str) -> str:
         """A theme colour usable in Rich styles (`text-success`, ...); '' if unknown."""
@@ -80,6 +86,10 @@ class RowsTable(DataTable):
 
     def rows_for(self, view: View, flex: int) -> list[list[Text]]:
         raise NotImplementedError
+
+
+def _signature(cell: Text) -> tuple:
+    return (cell.plain, str(cell.style), cell.justify, tuple(cell.spans))
 
 
 def num(v: Any, render=fmt.count, style: str = "") -> Text:

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.asyncio
 
 def make_app(api=None) -> tuple[LocalRadixApp, ScriptedFeed]:
     feed = ScriptedFeed()
-    app = LocalRadixApp(feed, api or RecordingApi(), probe=FixedProbe(), clock=lambda: T0)
+    app = LocalRadixApp(
+        feed, api or RecordingApi(), probe=FixedProbe(), clock=lambda: T0, render_interval=0
+    )
     return app, feed
 
 
@@ -248,3 +250,23 @@ async def test_the_dashboard_keeps_updating_behind_the_chat_and_help_screens():
         await settle(pilot)
         text = screen_text(app)
         assert "running 4" in text and "waiting 12" in text and "feed failed" not in text
+
+
+async def test_snapshots_faster_than_the_render_interval_are_coalesced():
+    feed = ScriptedFeed()
+    app = LocalRadixApp(feed, RecordingApi(), probe=FixedProbe(), render_interval=0.3)
+    renders = []
+    async with app.run_test() as pilot:
+        await settle(pilot)
+        original = app.render_view
+        app.render_view = lambda force=False: (renders.append(1), original(force))  # type: ignore[method-assign]
+        snap = snapshot()
+        for running in range(1, 21):  # twenty snapshots at once
+            snap = advance(snap, 0.01, hit=1, miss=1)
+            snap["engine"]["running"] = running
+            feed.push(Snapshot(snap))
+        await pilot.pause(0.1)
+        assert len(renders) <= 1
+        await pilot.pause(0.4)
+        assert 1 <= len(renders) <= 2 and "running 20" in screen_text(app)  # the last one wins
+        assert app.snapshots == 20  # and the history saw every one

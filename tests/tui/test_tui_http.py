@@ -108,8 +108,8 @@ async def test_app_shows_a_banner_and_reconnects_when_the_server_comes_and_goes(
             assert "Traceback" not in text
 
             server.start()
-            text = await wait_for_text(app, pilot, "● live")
-            assert "cannot reach" not in text and "used      4096" in text
+            text = await wait_for_text(app, pilot, "used      4096")
+            assert "cannot reach" not in text and "● live" in text
 
             server.stop()
             text = await wait_for_text(app, pilot, "lost the server")

@@ -39,7 +39,9 @@ def recorded_feed() -> ScriptedFeed:
 
 @pytest.mark.parametrize("size", [(80, 24)])
 async def test_dashboard_svg_snapshot(size):
-    app = LocalRadixApp(recorded_feed(), RecordingApi(), probe=FixedProbe(), clock=lambda: T0)
+    app = LocalRadixApp(
+        recorded_feed(), RecordingApi(), probe=FixedProbe(), clock=lambda: T0, render_interval=0
+    )
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.2)
         await pilot.pause()
