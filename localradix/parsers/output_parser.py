@@ -1,0 +1,110 @@
+"""One response's output through both parsers: reasoning first, then tool calls in the answer.
+
+The server needs only this: a `ChatOutputParser` per choice, `feed` each detokenized delta,
+`finish` at the end; or `parse_chat_output` for a whole (non-streamed) output. Either parser may
+be absent (None), in which case its part of the output is plain content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from localradix.parsers.events import (
+    ContentDelta,
+    IdFactory,
+    StreamEvent,
+    ToolCall,
+    ToolCallDelta,
+    coalesce,
+)
+from localradix.parsers.reasoning import ReasoningStreamParser, get_reasoning_parser
+from localradix.parsers.tool_calls import get_tool_parser
+from localradix.parsers.tool_stream import ToolCallStreamParser
+
+
+@dataclass(frozen=True)
+class ReasoningContentDelta:
+    """Text for `delta.reasoning_content`."""
+
+    text: str
+
+
+ChatDelta = ReasoningContentDelta | ContentDelta | ToolCallDelta
+
+
+@dataclass(frozen=True)
+class ParsedChatOutput:
+    """A whole output: `reasoning` None when there was no reasoning block."""
+
+    reasoning: str | None
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class ChatOutputParser:
+    """Streaming: `feed(delta) -> list[ChatDelta]`, then `finish()`.
+
+    Deltas come out in output order; neighbours of one kind are merged. `starts_in_reasoning`
+    None takes the reasoning dialect's default (better: pass
+    `get_reasoning_parser(name).prompt_opens_reasoning(prompt_text)`).
+    """
+
+    def __init__(
+        self,
+        *,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        starts_in_reasoning: bool | None = None,
+        tool_names: Collection[str] | None = None,
+        id_factory: IdFactory | None = None,
+    ) -> None:
+        self._reasoning: ReasoningStreamParser | None = None
+        if reasoning_parser is not None:
+            self._reasoning = get_reasoning_parser(reasoning_parser).parser(starts_in_reasoning)
+        self._tools: ToolCallStreamParser | None = None
+        if tool_parser is not None:
+            self._tools = get_tool_parser(tool_parser)(tool_names, id_factory)
+
+    def feed(self, text: str) -> list[ChatDelta]:
+        if self._reasoning is None:
+            return self._answer(text, final=False)
+        reasoning, content = self._reasoning.feed(text)
+        return self._merge(reasoning, self._answer(content, final=False))
+
+    def finish(self) -> list[ChatDelta]:
+        if self._reasoning is None:
+            return self._answer("", final=True)
+        reasoning, content = self._reasoning.finish()
+        return self._merge(reasoning, self._answer(content, final=True))
+
+    def _answer(self, text: str, final: bool) -> list[ChatDelta]:
+        if self._tools is None:
+            return [ContentDelta(text)] if text else []
+        events: list[StreamEvent] = self._tools.feed(text) if text else []
+        if final:
+            events = coalesce(events + self._tools.finish())
+        return list(events)
+
+    @staticmethod
+    def _merge(reasoning: str, rest: list[ChatDelta]) -> list[ChatDelta]:
+        return [ReasoningContentDelta(reasoning), *rest] if reasoning else rest
+
+
+def parse_chat_output(
+    text: str,
+    *,
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    starts_in_reasoning: bool | None = None,
+    tool_names: Collection[str] | None = None,
+    id_factory: IdFactory | None = None,
+) -> ParsedChatOutput:
+    """The non-streamed counterpart of `ChatOutputParser`. Never raises on model output."""
+    reasoning, content = None, text
+    if reasoning_parser is not None:
+        reasoning, content = get_reasoning_parser(reasoning_parser).split(text, starts_in_reasoning)
+    if tool_parser is None:
+        return ParsedChatOutput(reasoning, content)
+    parsed = get_tool_parser(tool_parser).parse(content, tool_names, id_factory)
+    return ParsedChatOutput(reasoning, parsed.content, parsed.calls)

@@ -1,0 +1,243 @@
+"""The grammar that forces tool calls for `tool_choice="required"` or a named function.
+
+The result is an xgrammar structural tag (`Constraint("structural_tag", spec)`): the output must
+be exactly the chosen dialect's wire format for one call (or, for "required" with
+`parallel_tool_calls`, one or more), each call's arguments matching that function's
+`parameters` JSON schema (xgrammar strict mode: no properties beyond the schema's), and nothing
+after the last call but the end of sequence. Formats per dialect (NAME is JSON-escaped):
+
+- hermes:      `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`, joined by "\\n"
+- llama3:      `{"name": "NAME", "parameters": ARGS}`, joined by "; "
+- mistral:     `[TOOL_CALLS][{"name": "NAME", "arguments": ARGS}, ...]`
+- mistral-v11: `[TOOL_CALLS]NAME[ARGS]ARGS`, repeated
+- pythonic:    `[NAME(key=VALUE, ...), ...]`: required keys first, then optional ones, in the
+  schema's order; values are JSON (the parser reads true/false/null too)
+
+With `reasoning` (a reasoning dialect name) the calls may follow a reasoning block, required
+when the prompt already opened it (`starts_in_reasoning`), optional otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from localradix.parsers.reasoning import get_reasoning_parser
+from localradix.parsers.tool_calls import ALIASES
+from localradix.sampling_params import Constraint
+
+Format = dict[str, Any]
+
+# Longest whitespace run allowed between JSON tokens: room for pretty-printed arguments, but no
+# endless newlines from a small model that the grammar would otherwise let through.
+MAX_WHITESPACE = 20
+
+
+class ToolChoiceError(ValueError):
+    """The request's tools / tool_choice cannot be constrained; the message says why (a 400)."""
+
+
+def tool_call_constraint(
+    tools: Sequence[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    dialect: str,
+    parallel: bool = True,
+    *,
+    reasoning: str | None = None,
+    starts_in_reasoning: bool = False,
+    max_whitespace: int | None = MAX_WHITESPACE,
+) -> Constraint | None:
+    """The constraint for `tool_choice`, or None when nothing is forced ("auto", "none", None).
+
+    "required": one call of any of the functions, or one or more when `parallel`; a named
+    choice (`{"type": "function", "function": {"name": ...}}`): exactly one call of it.
+    Raises ToolChoiceError for an unknown dialect, a missing function, or no functions.
+    """
+    if tool_choice is None or tool_choice in ("auto", "none"):
+        return None
+    functions = _functions(tools)
+    if tool_choice == "required":
+        if not functions:
+            raise ToolChoiceError('tool_choice "required" needs at least one function in tools')
+        chosen, many = functions, parallel
+    else:
+        chosen, many = [_named(functions, tool_choice)], False
+    dialect = ALIASES.get(dialect, dialect)
+    if dialect not in _DIALECTS:
+        raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
+    args = _ArgsFormat(max_whitespace)
+    fmt = _DIALECTS[dialect](chosen, many, args)
+    if reasoning is not None:
+        fmt = _seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
+    return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+
+
+# ---- tools and choice ------------------------------------------------------------------------
+
+Function = tuple[str, dict[str, Any]]  # (name, parameters schema)
+
+
+def _functions(tools: Sequence[dict[str, Any]] | None) -> list[Function]:
+    out: list[Function] = []
+    for tool in tools or ():
+        if tool.get("type", "function") != "function" or not isinstance(tool.get("function"), dict):
+            continue
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ToolChoiceError("every function in tools needs a name")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise ToolChoiceError(f"the parameters of {name!r} must be a JSON schema object")
+        out.append((name, parameters))
+    return out
+
+
+def _named(functions: list[Function], tool_choice: str | dict[str, Any]) -> Function:
+    name = None
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool_choice.get("name")
+    if not isinstance(name, str):
+        raise ToolChoiceError(
+            'tool_choice must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
+        )
+    for function in functions:
+        if function[0] == name:
+            return function
+    raise ToolChoiceError(f"tool_choice names the function {name!r}, which is not in tools")
+
+
+# ---- structural-tag building blocks ----------------------------------------------------------
+
+
+def _const(text: str) -> Format:
+    return {"type": "const_string", "value": text}
+
+
+def _seq(*elements: Format) -> Format:
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": list(elements)}
+
+
+def _or(elements: list[Format]) -> Format:
+    return elements[0] if len(elements) == 1 else {"type": "or", "elements": elements}
+
+
+def _optional(content: Format) -> Format:
+    return {"type": "optional", "content": content}
+
+
+def _joined(item: Format, separator: str, many: bool) -> Format:
+    """`item`, or with `many` one or more of it joined by `separator`."""
+    if not many:
+        return item
+    rest = _seq(_const(separator), item) if separator else item
+    return _seq(item, {"type": "star", "content": rest})
+
+
+class _ArgsFormat:
+    def __init__(self, max_whitespace: int | None) -> None:
+        self._max_whitespace = max_whitespace
+
+    def __call__(self, schema: dict[str, Any] | bool) -> Format:
+        fmt: Format = {"type": "json_schema", "json_schema": schema}
+        if self._max_whitespace is not None:
+            fmt["max_whitespace_cnt"] = self._max_whitespace
+        return fmt
+
+
+# ---- dialects --------------------------------------------------------------------------------
+
+
+def _hermes(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+    calls = [
+        _seq(
+            _const(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '),
+            args(schema),
+            _const("}\n</tool_call>"),
+        )
+        for name, schema in functions
+    ]
+    return _joined(_or(calls), "\n", many)
+
+
+def _llama3(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+    calls = [
+        _seq(_const(f'{{"name": {json.dumps(name)}, "parameters": '), args(schema), _const("}"))
+        for name, schema in functions
+    ]
+    return _joined(_or(calls), "; ", many)
+
+
+def _mistral(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+    calls = [
+        _seq(_const(f'{{"name": {json.dumps(name)}, "arguments": '), args(schema), _const("}"))
+        for name, schema in functions
+    ]
+    return _seq(_const("[TOOL_CALLS]["), _joined(_or(calls), ", ", many), _const("]"))
+
+
+def _mistral_v11(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+    calls = [_seq(_const(f"[TOOL_CALLS]{name}[ARGS]"), args(schema)) for name, schema in functions]
+    return _joined(_or(calls), "", many)
+
+
+def _pythonic(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+    calls = [_python_call(name, schema, args) for name, schema in functions]
+    return _seq(_const("["), _joined(_or(calls), ", ", many), _const("]"))
+
+
+def _python_call(name: str, schema: dict[str, Any], args: _ArgsFormat) -> Format:
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict) or not all(k.isidentifier() for k in properties):
+        raise ToolChoiceError(f"the parameters of {name!r} cannot be Python keyword arguments")
+    if not properties:
+        return _const(f"{name}()")
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    required = [k for k in properties if k in set(schema.get("required") or ())]
+    optional = [k for k in properties if k not in required]
+
+    def keyword(key: str) -> Format:
+        sub = properties[key]
+        sub = {**defs, **sub} if isinstance(sub, dict) else sub
+        return _seq(_const(f"{key}="), args(sub))
+
+    def after(keys: list[str]) -> list[Format]:
+        return [_optional(_seq(_const(", "), keyword(k))) for k in keys]
+
+    if required:
+        first = [keyword(required[0])]
+        rest = [_seq(_const(", "), keyword(k)) for k in required[1:]]
+        body = _seq(*first, *rest, *after(optional))
+    else:  # the first optional keyword present carries no comma
+        starts = [_seq(keyword(k), *after(optional[i + 1 :])) for i, k in enumerate(optional)]
+        body = _optional(_or(starts))
+    return _seq(_const(f"{name}("), body, _const(")"))
+
+
+_DIALECTS: dict[str, Callable[[list[Function], bool, _ArgsFormat], Format]] = {
+    "hermes": _hermes,
+    "llama3": _llama3,
+    "mistral": _mistral,
+    "mistral-v11": _mistral_v11,
+    "pythonic": _pythonic,
+}
+
+
+def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
+    try:
+        dialect = get_reasoning_parser(name)
+    except KeyError as exc:
+        raise ToolChoiceError(str(exc.args[0])) from None
+    block: Format = {
+        "type": "tag",
+        "begin": "" if starts_in_reasoning else dialect.start,
+        "content": {"type": "any_text"},
+        "end": dialect.end,
+    }
+    block = _seq(block, {"type": "regex", "pattern": r"[ \n]{0,4}"})
+    return block if starts_in_reasoning else _optional(block)
