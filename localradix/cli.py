@@ -25,8 +25,12 @@ COMMANDS: dict[str, Command] = {
     "serve": Command("localradix.server.launch", "add_serve_parser", "run_serve"),
     "bench": Command("localradix.bench", "add_bench_parser", "run_bench"),
     "doctor": Command("localradix.doctor", "add_doctor_parser", "run_doctor"),
+    "tui": Command("localradix.tui", "add_tui_parser", "run_tui"),
+    "up": Command("localradix.tui", "add_up_parser", "run_default"),  # serve + attach the TUI
 }
-DEFAULT_COMMAND: str | None = None  # what a bare `localradix` runs (None: print help)
+# What a bare `localradix` (or `localradix --model X.gguf`) runs: a server with the TUI on it.
+DEFAULT_COMMAND: str | None = "up"
+_TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,8 +64,10 @@ def setup_logging(level: str = "info") -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv and DEFAULT_COMMAND is not None:
-        argv = [DEFAULT_COMMAND]
+    if DEFAULT_COMMAND is not None and (
+        not argv or (argv[0].startswith("-") and argv[0] not in _TOP_LEVEL_FLAGS)
+    ):
+        argv = [DEFAULT_COMMAND, *argv]
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()

@@ -265,24 +265,29 @@ class RadixCache:
             stack.extend(node.children.values())
 
     def top_prefixes(self, k: int, head_tokens: int = 8) -> list[dict[str, Any]]:
-        """The `k` longest cached paths (root → leaf), for the TUI."""
-        paths: list[tuple[int, TreeNode, TreeNode]] = []  # (tokens, leaf, top-level node)
+        """The `k` cached prefixes that saved the most prefill (hits x length), for the TUI.
+
+        Every node ends a prefix (root to that node), so a shared system prompt shows up on its
+        own, with the hits of the requests that went through it. Linear in the number of nodes.
+        """
+        entries: list[tuple[int, int, TreeNode, TreeNode]] = []  # (saved, tokens, node, top)
         stack = [(child, len(child.key), child) for child in self.root.children.values()]
         while stack:
             node, depth, top = stack.pop()
-            if not node.children:
-                paths.append((depth, node, top))
+            entries.append((node.hit_count * depth, depth, node, top))
             stack.extend((c, depth + len(c.key), top) for c in node.children.values())
-        best = heapq.nlargest(k, paths, key=lambda p: (p[0], -p[1].id))
+        best = heapq.nlargest(k, entries, key=lambda e: (e[0], e[1], -e[2].id))
         return [
             {
                 "tokens": depth,
-                "hits": leaf.hit_count,
-                "locked": leaf.lock_ref > 0,
-                "extra_key": leaf.extra_key,
+                "hits": node.hit_count,
+                "saved_tokens": saved,
+                "locked": node.lock_ref > 0,
+                "leaf": not node.children,
+                "extra_key": node.extra_key,
                 "head": top.key[:head_tokens].tolist(),
             }
-            for depth, leaf, top in best
+            for saved, depth, node, top in best
         ]
 
     @property

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,7 @@ logger = logging.getLogger("localradix.scheduler")
 
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from init to min
+PREFIXES_REFRESH_S = 1.0  # the stats' prefix ranking walks the whole tree: at most once a second
 
 
 class Scheduler:
@@ -75,6 +78,9 @@ class Scheduler:
         self.prefill_meter = ThroughputMeter()
         self.decode_meter = ThroughputMeter()
         self._decode_steps = 0
+        self.recent_misses: deque[dict] = deque(maxlen=16)
+        self._prefixes: tuple[dict, ...] = ()
+        self._prefixes_at = -PREFIXES_REFRESH_S
         self._rng = np.random.default_rng()
 
     # ---- requests in and out -------------------------------------------------------------
@@ -281,6 +287,7 @@ class Scheduler:
         if req.cached_tokens < 0:
             req.cached_tokens = cached
             self.cache.record_hit(cached, len(req.prompt_ids) - cached)
+            self._note_miss(req, match)
         if extend < todo:
             self.chunked = req
         budget.take(req, extend, key, finishes_prompt=extend == todo)
@@ -526,6 +533,34 @@ class Scheduler:
             error=req.error,
         )
 
+    def _note_miss(self, req: Req, match: Any) -> None:
+        """Remember where a new prompt left the cached path (the TUI explains misses)."""
+        div = match.divergence
+        if div is None or match.matched_len >= len(req.prompt_ids) - 1:
+            return
+        at = int(div.position)
+        ids = req.prompt_ids
+        self.recent_misses.append(
+            {
+                "rid": req.rid,
+                "prompt_tokens": len(ids),
+                "matched_tokens": match.matched_len,
+                "reason": div.reason,
+                "position": at,
+                "cached_text": ""
+                if div.cached_token is None
+                else self._preview([div.cached_token]),
+                "request_text": self._preview(ids[at : at + 6].tolist()),
+                "before_text": self._preview(ids[max(at - 6, 0) : at].tolist()),
+            }
+        )
+
+    def _preview(self, ids: list[int]) -> str:
+        try:
+            return self.decode([int(t) for t in ids if t is not None])[:80]
+        except Exception:  # a preview is never worth failing a step
+            return ""
+
     def kv_usage(self) -> float:
         return self.cache.protected_size / max(self.pool.total, 1)
 
@@ -547,8 +582,18 @@ class Scheduler:
             prefill_tokens_per_s=self.prefill_meter.rate(now),
             decode_tokens_per_s=self.decode_meter.rate(now),
             requests=tuple(_req_row(r, now) for r in self._holders() + self.waiting[:32]),
-            top_prefixes=tuple(self.cache.top_prefixes(8)),
+            top_prefixes=self._top_prefixes(now),
+            recent_misses=tuple(self.recent_misses),
         )
+
+    def _top_prefixes(self, now: float) -> tuple[dict, ...]:
+        """The tree's best prefixes, recomputed at most once a second (it walks every node)."""
+        if now - self._prefixes_at >= PREFIXES_REFRESH_S:
+            rows = self.cache.top_prefixes(8)
+            for row in rows:
+                row["preview"] = self._preview(row["head"])
+            self._prefixes, self._prefixes_at = tuple(rows), now
+        return self._prefixes
 
     def _log_prefill(self, admitted: list[Req]) -> None:
         logger.info(

@@ -310,19 +310,25 @@ def test_hit_counters() -> None:
     assert cache.hit_rate == pytest.approx(30 / 80)
 
 
-def test_top_prefixes_lists_longest_paths(mem: MemFactory) -> None:
+def test_top_prefixes_rank_by_prefill_saved(mem: MemFactory) -> None:
     m = mem(64)
-    m.put(KEY)
+    m.put(KEY)  # KEY has 8 tokens
     m.put(KEY[:3] + [1, 2, 3, 4, 5, 6, 7, 8], extra_key="t")
     m.put([9, 9])
+    m.put(KEY[:5] + [7, 7])  # splits KEY after 5 tokens
+    for _ in range(3):
+        m.cache.match_prefix(KEY[:5] + [42])  # three requests share the 5-token prefix
     leaf = m.cache.match_prefix(KEY).last_node
     m.cache.lock(leaf)
     top = m.cache.top_prefixes(2)
-    assert [t["tokens"] for t in top] == [11, 8]
-    assert top[0]["extra_key"] == "t" and top[0]["head"] == KEY[:3] + [1, 2, 3, 4, 5]
-    assert top[1]["locked"] and top[1]["hits"] >= 1
+    # the shared 5-token node: 3 matches, KEY's match and the split's own match through it
+    assert [(t["tokens"], t["hits"], t["leaf"]) for t in top] == [(5, 5, False), (8, 1, True)]
+    assert top[0]["saved_tokens"] == 25 and top[0]["head"] == KEY[:5]
+    assert top[1]["locked"] and top[0]["locked"]  # locking the leaf locks its path
     m.cache.unlock(leaf)
-    assert len(m.cache.top_prefixes(10)) == 3
+    everything = m.cache.top_prefixes(10)
+    assert len(everything) == 5  # every node ends a prefix
+    assert any(t["extra_key"] == "t" and t["tokens"] == 11 for t in everything)
 
 
 def test_page_size_must_match_the_pool() -> None:
