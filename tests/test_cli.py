@@ -43,7 +43,9 @@ def run_cli_check(argv: list[str]) -> tuple[str, str]:
     return status, output
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], []])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["serve", "--help"], ["tui", "--help"], ["up", "--help"]]
+)
 def test_help_is_fast_and_imports_no_torch(argv):
     status, output = run_cli_check(argv)
     code, heavy = status.split(" ", 1) if " " in status else (status, "")
@@ -54,7 +56,16 @@ def test_help_is_fast_and_imports_no_torch(argv):
 
 def test_help_lists_subcommands():
     _, output = run_cli_check(["--help"])
-    assert "serve" in output
+    for name in ("serve", "bench", "doctor", "tui", "up"):
+        assert name in output
+
+
+def test_up_is_the_default_command_and_takes_a_model():
+    from localradix import cli
+
+    assert cli.DEFAULT_COMMAND == "up"
+    ns = cli.build_parser().parse_args(["up", "--model", "m.gguf"])
+    assert ns.command == "up"
 
 
 def test_serve_has_a_flag_for_every_server_arg():
