@@ -63,6 +63,17 @@ class ServerArgs:
     api_key: str | None = _opt("require 'Authorization: Bearer KEY'", default=None)
     cors_origins: tuple[str, ...] = _opt("allowed CORS origins (off unless given)", default=())
     max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
+    tool_call_parser: str = _opt(
+        "tool-call dialect for chat requests with tools: auto (detect from the chat template; "
+        "hermes when nothing is detected), none (never parse tool calls), hermes, llama3, "
+        "mistral, mistral-v11, pythonic",
+        default="auto",
+    )
+    reasoning_parser: str | None = _opt(
+        "split the model's reasoning into reasoning_content: auto (detect from the chat "
+        "template), deepseek-r1, qwen3, magistral (off unless given)",
+        default=None,
+    )
     log_level: str = _opt(
         "logging level", default="info", choices=("debug", "info", "warning", "error")
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -23,8 +24,20 @@ logger = logging.getLogger("localradix.grammar")
 CACHE_ENTRIES = 256
 
 
+# Starts the engine's error message for a constraint that does not compile, so the server can
+# tell the user's bad grammar (a 400 naming the parameter) from other engine errors.
+INVALID_GRAMMAR_PREFIX = "[invalid constraint] "
+
+
 class InvalidGrammar(ValueError):
-    """The constraint cannot be compiled; the message says why (shown to the user as a 400)."""
+    """The constraint cannot be compiled; the message says why (shown to the user as a 400).
+
+    `str(exc)` starts with INVALID_GRAMMAR_PREFIX; `reason` is the message without it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(INVALID_GRAMMAR_PREFIX + reason)
+        self.reason = reason
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -139,6 +152,10 @@ _COMPILERS = {
 }
 
 
+# xgrammar's C++ errors start with "[13:49:23] /project/cpp/json_schema_converter.cc:5082: ".
+_CPP_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return _CPP_LOCATION.sub("", text.splitlines()[0])[:300]

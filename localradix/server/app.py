@@ -202,6 +202,13 @@ async def _gather_unless_disconnected(
         watch.cancel()
 
 
+async def _constraint_compiled(job: Any) -> None:
+    """Hold a constrained stream's headers until the engine's first output, so a grammar that
+    does not compile is a plain 400 rather than an SSE error event after a 200."""
+    if job.params.constraint is not None:
+        await job.first_output()
+
+
 _ERRORS = {
     400: ResponseSpec(ErrorResponse, description="Invalid request"),
     404: ResponseSpec(ErrorResponse, description="Unknown model"),
@@ -229,6 +236,7 @@ async def chat_completions(
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     with _closed_on_error(job):
         if req.stream:
+            await _constraint_compiled(job)
             return EventStream(serving.chat_stream(job, model, req.logprobs, include_usage))
         gathered = await _gather_unless_disconnected(request, job)
         if gathered is None:
@@ -255,6 +263,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         decode = manager.tokenizer.decode
         texts = [decode(p, skip_special_tokens=False) for p in job.prompts] if req.echo else []
         if req.stream:
+            await _constraint_compiled(job)
             return EventStream(serving.completion_stream(job, model, req, texts))
         gathered = await _gather_unless_disconnected(request, job)
         if gathered is None:

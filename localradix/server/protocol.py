@@ -60,6 +60,10 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # Structured output: at most one of these (type "text" does not count).
+    response_format: dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -70,7 +74,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
 
 
@@ -122,9 +126,22 @@ class CompletionLogprobs(Struct):
     text_offset: list[int]
 
 
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class AssistantMessage(Struct):
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(Struct):

@@ -7,13 +7,25 @@ raised as an APIError naming the parameter.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from localradix.engine.messages import TokenLogprob
-from localradix.sampling_params import InvalidParams, SamplingParams
+from localradix.parsers.events import ContentDelta, ToolCallDelta
+from localradix.parsers.output_parser import (
+    ChatDelta,
+    ChatOutputParser,
+    ParsedChatOutput,
+    ReasoningContentDelta,
+    parse_chat_output,
+)
+from localradix.parsers.reasoning import get_reasoning_parser
+from localradix.parsers.tool_constraint import ToolChoiceError, tool_call_constraint
+from localradix.sampling_params import Constraint, InvalidParams, SamplingParams
 from localradix.server.errors import APIError, bad_request
 from localradix.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from localradix.server.tokenizer_manager import Delta, Job, TokenizerManager
@@ -33,7 +45,12 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sampling_params(
-    req: _SamplingFields, max_tokens: int | None, logprobs: int | None, context: int, vocab: int
+    req: _SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    context: int,
+    vocab: int,
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     if req.logit_bias:
         raise bad_request("'logit_bias' is not supported", "logit_bias")
@@ -56,6 +73,7 @@ def sampling_params(
         n=req.n,
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens,
+        constraint=constraint,
     )
     if vocab and any(not 0 <= t < vocab for t in params.stop_token_ids):
         raise bad_request(f"stop token ids must be in [0, {vocab})", "stop_token_ids")
@@ -67,6 +85,133 @@ def sampling_params(
 
 def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+# ---- structured output and tools ------------------------------------------------------------
+
+
+def request_constraint(req: _SamplingFields) -> tuple[Constraint | None, str | None]:
+    """The request's grammar constraint and the parameter it came from (at most one given)."""
+    found: list[tuple[Constraint, str]] = []
+    if req.response_format is not None:
+        constraint = _response_format(req.response_format)
+        if constraint is not None:
+            found.append((constraint, "response_format"))
+    if req.regex is not None:
+        found.append((Constraint("regex", req.regex), "regex"))
+    if req.ebnf is not None:
+        found.append((Constraint("ebnf", req.ebnf), "ebnf"))
+    if len(found) > 1:
+        names = " and ".join(f"'{param}'" for _, param in found)
+        raise bad_request(f"give at most one output constraint, not {names}", found[1][1])
+    return found[0] if found else (None, None)
+
+
+def _response_format(rf: dict[str, Any]) -> Constraint | None:
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise bad_request(
+                "response_format type 'json_schema' needs 'json_schema': {'name': ..., "
+                "'schema': {...}}",
+                "response_format",
+            )
+        schema = spec["schema"]
+        if not isinstance(schema, dict):
+            raise bad_request(
+                "response_format.json_schema.schema must be a JSON object", "response_format"
+            )
+        return Constraint("json_schema", json.dumps(schema))
+    raise bad_request(
+        f"response_format type must be 'text', 'json_object' or 'json_schema', not {kind!r}",
+        "response_format",
+    )
+
+
+@dataclass(frozen=True)
+class ChatOutputSpec:
+    """How a chat job's outputs are split into reasoning, content and tool calls."""
+
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    starts_in_reasoning: bool | None = None
+    tool_names: tuple[str, ...] | None = None
+
+    def stream_parser(self) -> ChatOutputParser:
+        return ChatOutputParser(
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+            starts_in_reasoning=self.starts_in_reasoning,
+            tool_names=self.tool_names,
+        )
+
+    def parse(self, text: str) -> ParsedChatOutput:
+        if self.tool_parser is None and self.reasoning_parser is None:
+            return ParsedChatOutput(None, text)
+        return parse_chat_output(
+            text,
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+            starts_in_reasoning=self.starts_in_reasoning,
+            tool_names=self.tool_names,
+        )
+
+
+PLAIN_OUTPUT = ChatOutputSpec()
+
+
+def _tool_names(tools: Sequence[Any] | None) -> tuple[str, ...]:
+    names = []
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.append(function["name"])
+    return tuple(names)
+
+
+def _tool_setup(
+    manager: TokenizerManager, req: ChatCompletionRequest, prompt: str
+) -> tuple[ChatOutputSpec, Constraint | None]:
+    """The output parsers for this request, and the constraint its tool_choice forces."""
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if req.tools else "none"
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise bad_request(
+            f"tool_choice must be 'none', 'auto', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}, not {choice!r}",
+            "tool_choice",
+        )
+    reasoning = manager.reasoning_parser
+    starts = get_reasoning_parser(reasoning).prompt_opens_reasoning(prompt) if reasoning else None
+    dialect = manager.tool_parser if req.tools and choice != "none" else None
+    constraint = None
+    if choice not in ("none", "auto"):
+        if manager.tool_parser is None:
+            raise bad_request(
+                "this tool_choice needs a tool-call parser, but the server runs with "
+                "--tool-call-parser none",
+                "tool_choice",
+            )
+        try:
+            constraint = tool_call_constraint(
+                req.tools,
+                choice,
+                manager.tool_parser,
+                req.parallel_tool_calls,
+                reasoning=reasoning,
+                starts_in_reasoning=bool(starts),
+            )
+        except ToolChoiceError as exc:
+            raise bad_request(str(exc), "tool_choice") from None
+        dialect = manager.tool_parser
+    names = _tool_names(req.tools) if dialect else None
+    return ChatOutputSpec(dialect, reasoning, starts, names), constraint
 
 
 def check_model(manager: TokenizerManager, model: str | None) -> None:
@@ -95,8 +240,25 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         item = {f: v for f in msg.__struct_fields__ if (v := getattr(msg, f)) is not None}
         if isinstance(msg.content, list):
             item["content"] = _text_content(msg.content, f"messages[{i}].content")
+        if msg.tool_calls:
+            item["tool_calls"] = [_template_call(call) for call in msg.tool_calls]
         out.append(item)
     return out
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool call as HF chat templates expect: OpenAI sends `arguments`
+    as JSON text, templates write `arguments | tojson`, so a JSON object becomes a dict."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _text_content(parts: Sequence[Any], param: str) -> str:
@@ -110,8 +272,7 @@ def _text_content(parts: Sequence[Any], param: str) -> str:
 
 async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job:
     check_model(manager, req.model)
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format type 'text' is supported", "response_format")
+    constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     try:
@@ -123,6 +284,9 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
     except Exception as exc:  # the template is the model's code; any failure is the input's
         message = f"the chat template could not render these messages: {exc}"
         raise bad_request(message, "messages") from None
+    output, tool_constraint = _tool_setup(manager, req, text)
+    if tool_constraint is not None:  # forced tool calls win over response_format
+        constraint, constraint_param = tool_constraint, "tool_choice"
     ids = await encode(manager, text)
     manager.check_prompt(ids, "messages")
     max_tokens = (
@@ -131,10 +295,15 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _with_param_name(
-        lambda: sampling_params(req, max_tokens, logprobs, manager.context_length, manager.vocab),
+        lambda: sampling_params(
+            req, max_tokens, logprobs, manager.context_length, manager.vocab, constraint
+        ),
         {"max_tokens": param, "logprobs": "top_logprobs"},
     )
-    return manager.submit([ids], params)
+    job = manager.submit([ids], params)
+    job.constraint_param = constraint_param
+    job.output = output
+    return job
 
 
 async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> Job:
@@ -145,15 +314,18 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
         raise bad_request("'best_of' must equal 'n' (or be omitted)", "best_of")
     if req.echo and req.stream and req.logprobs is not None:
         raise bad_request("'echo' with 'logprobs' is not supported when streaming", "echo")
+    constraint, constraint_param = request_constraint(req)
     prompts = await _completion_prompts(manager, req.prompt)
     for ids in prompts:
         manager.check_prompt(ids, "prompt")
     params = sampling_params(
-        req, req.max_tokens, req.logprobs, manager.context_length, manager.vocab
+        req, req.max_tokens, req.logprobs, manager.context_length, manager.vocab, constraint
     )
     if req.logprobs is not None and req.logprobs > 5:
         raise bad_request("'logprobs' must be in [0, 5]", "logprobs")
-    return manager.submit(prompts, params)
+    job = manager.submit(prompts, params)
+    job.constraint_param = constraint_param
+    return job
 
 
 async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:
@@ -245,15 +417,27 @@ def _finite(x: float) -> float:
 
 def chat_response(g: Gathered, model: str, want_logprobs: bool) -> dict[str, Any]:
     manager = g.job.manager
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": g.text[i]},
-            "logprobs": chat_logprobs(manager, g.logprobs[i]) if want_logprobs else None,
-            "finish_reason": g.finish[i],
-        }
-        for i in range(len(g.text))
-    ]
+    spec: ChatOutputSpec = g.job.output or PLAIN_OUTPUT
+    choices = []
+    for i in range(len(g.text)):
+        parsed = spec.parse(g.text[i])
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.reasoning is not None:
+            message["reasoning_content"] = parsed.reasoning
+        finish = g.finish[i]
+        if parsed.calls:
+            message["tool_calls"] = [call.to_openai() for call in parsed.calls]
+            if not parsed.content.strip():
+                message["content"] = None
+            finish = _tool_finish(finish)
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": chat_logprobs(manager, g.logprobs[i]) if want_logprobs else None,
+                "finish_reason": finish,
+            }
+        )
     return _envelope(g.job, "chatcmpl", "chat.completion", model, choices, g.job.usage())
 
 
@@ -296,10 +480,27 @@ async def chat_stream(
         for c in job.choices
     ]
 
-    def choice(d: Delta) -> dict[str, Any]:
+    spec: ChatOutputSpec = job.output or PLAIN_OUTPUT
+    parsers = {c.index: spec.stream_parser() for c in job.choices}
+    called: set[int] = set()  # choices that emitted a tool call
+
+    def choice(d: Delta) -> dict[str, Any] | None:
+        parser = parsers[d.index]
+        events = parser.feed(d.text) if d.text else []
+        if d.finish_reason:
+            events += parser.finish()
+        delta = chat_delta(events)
+        if "tool_calls" in delta:
+            called.add(d.index)
         lp = chat_logprobs(manager, d.logprobs) if want_logprobs and d.logprobs else None
-        delta = {"content": d.text} if d.text or not d.finish_reason else {}
-        return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
+        finish = d.finish_reason
+        if finish and d.index in called:
+            finish = _tool_finish(finish)
+        if not delta and not finish:
+            if lp is None:
+                return None  # the parser holds the text back (a tag may be starting)
+            delta = {"content": ""}
+        return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
     try:
         yield chunk([{**c, "finish_reason": None} for c in first])
@@ -307,7 +508,11 @@ async def chat_stream(
             if isinstance(part, bytes):
                 yield part
                 return
-            choices = [choice(d) for d in part if d.text or d.logprobs or d.finish_reason]
+            choices = [
+                c
+                for d in part
+                if (d.text or d.logprobs or d.finish_reason) and (c := choice(d)) is not None
+            ]
             if choices:
                 yield chunk(choices)
         if include_usage:
@@ -315,6 +520,24 @@ async def chat_stream(
         yield SSE_DONE
     finally:
         job.close()  # a client that went away mid-stream aborts what is left
+
+
+def chat_delta(events: Sequence[ChatDelta]) -> dict[str, Any]:
+    """One `choices[].delta` from parser events: reasoning_content, content, tool_calls."""
+    delta: dict[str, Any] = {}
+    for event in events:
+        if isinstance(event, ContentDelta):
+            delta["content"] = delta.get("content", "") + event.text
+        elif isinstance(event, ReasoningContentDelta):
+            delta["reasoning_content"] = delta.get("reasoning_content", "") + event.text
+        elif isinstance(event, ToolCallDelta):
+            delta.setdefault("tool_calls", []).append(event.to_openai())
+    return delta
+
+
+def _tool_finish(finish: str | None) -> str | None:
+    """A choice that made tool calls ends with "tool_calls", unless it ran out of tokens."""
+    return "tool_calls" if finish == "stop" else finish
 
 
 async def completion_stream(

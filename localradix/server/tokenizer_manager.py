@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.config import ServerArgs
+from localradix.constrained.grammar import INVALID_GRAMMAR_PREFIX
 from localradix.engine.detokenizer import IncrementalDetokenizer
 from localradix.engine.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.sampling_params import SamplingParams
@@ -71,6 +72,9 @@ class Job:
         self._events: deque[tuple[Choice, RequestOutput | None]] = deque()
         self._wake = asyncio.Event()
         self._unfinished = 0
+        # The request parameter a constraint came from: its compile error is a 400 naming it.
+        self.constraint_param: str | None = None
+        self.output: Any = None  # serving.ChatOutputSpec for chat jobs (how to parse outputs)
 
     # ---- engine side (called by the dispatcher) ------------------------------------------
 
@@ -99,6 +103,32 @@ class Job:
         finally:
             self.close()
 
+    async def first_output(self) -> None:
+        """Wait for the engine's first output (not consuming it); raise its error if it failed.
+
+        Streaming responses of constrained requests call this before sending headers, so a
+        grammar that does not compile is still a plain 400.
+        """
+        while self._unfinished and not self._events:
+            self._wake.clear()
+            await self._wake.wait()
+        for _, out in self._events:
+            self._check(out)
+
+    def _check(self, out: RequestOutput | None) -> None:
+        if out is None:
+            raise APIError(503, self.manager.client.dead_message or "the engine is gone")
+        if out.finish_reason == "error":
+            error = out.error or "the engine rejected the request"
+            if error.startswith(INVALID_GRAMMAR_PREFIX):
+                raise APIError(
+                    400,
+                    error[len(INVALID_GRAMMAR_PREFIX) :],
+                    param=self.constraint_param,
+                    code="invalid_grammar",
+                )
+            raise APIError(400, error)
+
     def close(self) -> None:
         """Abort every choice still running (idempotent); frees their KV in the engine."""
         aborted = [c for c in self.choices if not c.finished]
@@ -109,12 +139,10 @@ class Job:
             self.manager.client.send([AbortRequest(c.rid) for c in aborted])
 
     def _apply(self, choice: Choice, out: RequestOutput | None, batch: dict[int, Delta]) -> None:
-        if out is None:
-            raise APIError(503, self.manager.client.dead_message or "the engine is gone")
-        if choice.finished:
+        if out is not None and choice.finished:
             return
-        if out.finish_reason == "error":
-            raise APIError(400, out.error or "the engine rejected the request")
+        self._check(out)
+        assert out is not None
         delta = batch.setdefault(choice.index, Delta(choice.index))
         ids, lps = out.new_token_ids, out.logprobs
         if out.finish_reason == "stop" and isinstance(out.matched_stop, int) and ids:
@@ -178,6 +206,29 @@ def _finish_reason(out: RequestOutput) -> str:
     return {"stop": "stop", "length": "length"}.get(out.finish_reason or "", "abort")
 
 
+def _tool_parser(setting: str, template: str | None) -> str | None:
+    """The dialect for --tool-call-parser (used only for requests with tools); None: "none"."""
+    from localradix.parsers.tool_calls import detect_tool_parser, get_tool_parser
+
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return detect_tool_parser(template) or "hermes"
+    get_tool_parser(setting)  # KeyError naming the known dialects
+    return setting
+
+
+def _reasoning_parser(setting: str | None, template: str | None) -> str | None:
+    from localradix.parsers.reasoning import detect_reasoning_parser, get_reasoning_parser
+
+    if setting is None or setting == "none":
+        return None
+    if setting == "auto":
+        return detect_reasoning_parser(template)
+    get_reasoning_parser(setting)  # KeyError naming the known dialects
+    return setting
+
+
 class TokenizerManager:
     def __init__(
         self, client: EngineClient, tokenizer: Any, args: ServerArgs, metrics: ServerMetrics
@@ -191,6 +242,9 @@ class TokenizerManager:
         self._ids = itertools.count()
         self._rid_prefix = os.urandom(4).hex()
         self._token_text: dict[int, str] = {}
+        template = getattr(tokenizer, "chat_template", None)
+        self.tool_parser = _tool_parser(args.tool_call_parser, template)
+        self.reasoning_parser = _reasoning_parser(args.reasoning_parser, template)
 
     @property
     def context_length(self) -> int:
