@@ -242,6 +242,7 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             item["content"] = _text_content(msg.content, f"messages[{i}].content")
         if msg.tool_calls:
             item["tool_calls"] = [_template_call(call) for call in msg.tool_calls]
+            item.setdefault("content", "")  # templates read content even beside tool calls
         out.append(item)
     return out
 
