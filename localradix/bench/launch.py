@@ -99,6 +99,7 @@ class ServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=os.name == "posix",
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                     env=self.env,
                 )
             except OSError as e:
@@ -172,3 +173,12 @@ class ServerProcess:
                 self.proc.kill()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM if we die without stopping it (no orphaned servers)."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
