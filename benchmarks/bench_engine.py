@@ -85,7 +85,7 @@ def bench_prefill(engine: Engine, n_tokens: int = 1024) -> float:
 
 
 def shared_prefix_prompts(engine: Engine, n: int = 32) -> list[list[int]]:
-    system = text_of(1000, seed=5)
+    system = text_of(1250, seed=5)  # ~1.4k tokens with the chat template
     prompts = []
     for i in range(n):
         messages = [
