@@ -1,0 +1,129 @@
+"""Unit tests of the server's pieces that need no process: metrics text, error mapping, the
+engine loop driven over in-process ZMQ sockets with a FAKE core."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import msgspec
+import pytest
+import zmq
+from fake_engine_core import FakeCore
+
+from localradix.config import ServerArgs
+from localradix.engine.messages import AbortRequest, EngineStats, FlushCache, GenerateRequest
+from localradix.sampling_params import SamplingParams
+from localradix.server.engine_process import EngineLoop, Shutdown
+from localradix.server.errors import from_decode_error
+from localradix.server.metrics import Histogram, ServerMetrics
+from localradix.server.protocol import ChatCompletionRequest
+
+SAMPLE = re.compile(r'^[a-z_0-9]+(\{[a-z_]+="[^"]*"\})? -?[0-9.e+-]+$|^# (HELP|TYPE) ')
+
+
+def test_histogram_buckets_are_cumulative():
+    h = Histogram("x_seconds", "x", (0.1, 1.0))
+    h.observe(0.05)
+    h.observe(0.5, times=2)
+    h.observe(5.0)
+    lines = h.render()
+    assert 'localradix_x_seconds_bucket{le="0.1"} 1' in lines
+    assert 'localradix_x_seconds_bucket{le="1.0"} 3' in lines
+    assert 'localradix_x_seconds_bucket{le="+Inf"} 4' in lines
+    assert "localradix_x_seconds_count 4" in lines
+
+
+def test_metrics_text_is_valid_exposition_format():
+    m = ServerMetrics()
+    m.record_finish("stop", prompt=10, generated=5, cached=8)
+    m.record_error(400)
+    m.ttft.observe(0.2)
+    stats = EngineStats(
+        running=2,
+        queued=1,
+        kv_total=100,
+        kv_used=10,
+        kv_cached=20,
+        kv_free=70,
+        cache_hit_tokens=8,
+        cache_miss_tokens=2,
+    )
+    text = m.render(stats, in_flight=3, engine_alive=True)
+    for line in text.strip().splitlines():
+        assert SAMPLE.match(line), line
+    assert "localradix_cache_hit_rate 0.8" in text
+    assert 'localradix_kv_tokens{state="cached"} 20' in text
+    assert 'localradix_requests_total{finish_reason="stop"} 1' in text
+    assert 'localradix_http_errors_total{status="400"} 1' in text
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (b'{"messages": [{"role": 3}]}', "messages[0].role"),
+        (b'{"messages": [{"role": "user"}], "n": "2"}', "n"),
+        (b'{"messages": []}', "messages"),
+        (b'{"messages": [{"role": "user"}], "top_p": 2}', "top_p"),
+        (b"{", None),
+    ],
+)
+def test_decode_errors_name_the_parameter(body, param):
+    with pytest.raises(msgspec.MsgspecError) as info:
+        msgspec.json.decode(body, type=ChatCompletionRequest, strict=True)
+    err = from_decode_error(info.value)
+    assert err.status == 400 and err.param == param and err.message
+
+
+@pytest.fixture
+def loop_sockets():
+    ctx = zmq.Context()
+    to_engine, engine_in = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    engine_out, from_engine = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    to_engine.bind("inproc://req")
+    engine_in.connect("inproc://req")
+    from_engine.bind("inproc://out")
+    engine_out.connect("inproc://out")
+    yield to_engine, engine_in, engine_out, from_engine
+    for s in (to_engine, engine_in, engine_out, from_engine):
+        s.close(linger=0)
+    ctx.term()
+
+
+def _messages(sock, kind):
+    out = []
+    while sock.poll(0):
+        k, payload = pickle.loads(sock.recv())
+        if k == kind:
+            out.append(payload)
+    return out
+
+
+def test_fake_engine_loop_runs_requests_aborts_flushes_and_stops(loop_sockets):
+    import os
+
+    to_engine, engine_in, engine_out, from_engine = loop_sockets
+    core = FakeCore(ServerArgs())
+    loop = EngineLoop(core, engine_in, engine_out, parent_pid=os.getppid())
+    params = SamplingParams(max_new_tokens=3, temperature=0)
+    to_engine.send(
+        pickle.dumps(
+            [
+                GenerateRequest("a", (1, 2), params),
+                GenerateRequest("b", (1, 2), params.replace(max_new_tokens=50)),
+            ]
+        )
+    )
+    for _ in range(5):
+        loop._receive(10)
+        if core.has_work():
+            loop.send("outputs", core.step())
+    to_engine.send(pickle.dumps([AbortRequest("b")]))
+    loop._receive(10)
+    loop.send("outputs", core.step())
+    outputs = [o for batch in _messages(from_engine, "outputs") for o in batch]
+    finals = {o.rid: o.finish_reason for o in outputs if o.finished}
+    assert finals == {"a": "length", "b": "abort"}
+    to_engine.send(pickle.dumps([FlushCache(), Shutdown()]))
+    loop.run()  # handles the flush, then stops
+    assert _messages(from_engine, "flush") == [True]
