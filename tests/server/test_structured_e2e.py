@@ -105,7 +105,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")
