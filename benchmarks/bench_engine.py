@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF file or HF folder (default: bundled)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-shared-prefix", action="store_true", help="speed figures only")
     args = ap.parse_args()
 
     def row(name: str, value: str, target: str = "") -> None:
@@ -152,6 +153,8 @@ def main() -> None:
         if not args.skip_transformers:
             tf = bench_transformers(engine, info.path)
             row("transformers generate (bs=1, same prompt)", f"{tf:.1f} tok/s", "reference")
+    if args.skip_shared_prefix:
+        return
     cached_wall, hit_rate, plen = bench_shared_prefix(args.model, args.dtype, disable=False)
     row(f"shared prefix ({plen}-token prompts), cache", f"{cached_wall:.1f} s")
     plain_wall, _, _ = bench_shared_prefix(args.model, args.dtype, disable=True)
