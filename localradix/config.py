@@ -14,6 +14,7 @@ from typing import Any
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+OVERLAP_MODES = ("auto", "on", "off")
 
 
 def _opt(help: str, **kw: Any) -> Any:
@@ -55,6 +56,12 @@ class ServerArgs:
     max_queued_requests: int = _opt("waiting requests before new ones get 429", default=1024)
     new_token_ratio: float = _opt(
         "share of max_tokens reserved for running requests at admission", default=0.7
+    )
+    overlap_schedule: str = _opt(
+        "prepare the next batch while the device runs this one: auto (on for GPU/NPU torch "
+        "runners), on, off",
+        default="auto",
+        choices=OVERLAP_MODES,
     )
     decode_log_interval: int = _opt("log a decode line every N steps", default=40)
     # Server

@@ -8,6 +8,7 @@ installed versions of the packages that matter. Probing may import torch (unlike
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform as pyplatform
 import sys
@@ -126,9 +127,16 @@ def _chosen(requested: str, device: str | None) -> dict[str, Any]:
         "backend": target.backend,
         "device": target.device,
         "dtype": target.dtype,
-        "attention": target.attention_backend,
+        "attention": _attention(target.attention_backend),
         "reason": choice.availability.reason,
     }
+
+
+def _attention(name: str) -> str:
+    """The spec's kernels, or what the runner falls back to when their package is missing."""
+    if name == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        return "torch_native (flashinfer is not installed)"
+    return name
 
 
 def render(report: dict[str, Any]) -> str:

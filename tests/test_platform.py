@@ -120,7 +120,7 @@ def test_cuda_present_is_chosen(machine):
     assert choice.availability.device == "cuda"
     assert "Fake GPU (80.0 GiB)" in choice.availability.detail
     target = lp.resolve_target(choice, ServerArgs())
-    assert target == Target("cuda", "cuda", "bfloat16", "torch_native")
+    assert target == Target("cuda", "cuda", "bfloat16", "flashinfer")
 
 
 def test_rocm_present_is_chosen(machine):

@@ -40,7 +40,8 @@ class EngineCore:
         source = resolve_model(args.model)
         self.tokenizer = load_tokenizer(source)
         built = build_runner(args, source)  # backend from --backend; device and dtype resolved
-        self.runner, config, target = built.runner, built.config, built.target
+        config, target = built.config, built.target
+        self.runner = _with_overlap(built.runner, args, target.device, target.backend)
         context_len = args.context_length or config.max_position_embeddings
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
         self.scheduler = Scheduler(
@@ -87,6 +88,25 @@ class EngineCore:
         self.scheduler.cache.reset()
         self.scheduler.check_invariants(idle=True)
         return True
+
+
+def overlap_wanted(mode: str, device: str) -> bool:
+    """`--overlap-schedule`: auto is on for GPUs and NPUs. On a CPU the host and the "device"
+    are the same cores, so there is nothing to overlap."""
+    return mode == "on" or (mode == "auto" and device.split(":")[0] in ("cuda", "npu"))
+
+
+def _with_overlap(runner: Any, args: ServerArgs, device: str, backend: str) -> Any:
+    """The runner, wrapped for overlap scheduling when wanted and possible."""
+    if not overlap_wanted(args.overlap_schedule, device):
+        return runner
+    if not hasattr(runner, "logits"):
+        logger.warning("overlap scheduling needs a torch runner: %s runs without it", backend)
+        return runner
+    from localradix.runner.overlap import OverlapRunner
+
+    logger.info("Overlap scheduling on: batch N+1 is prepared while batch N runs")
+    return OverlapRunner(runner, capacity=4 * (args.max_running_requests + 1))
 
 
 def _grammar_service(tokenizer: Any, vocab_size: int) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -87,11 +88,43 @@ class SampleOutput:
     top_logprobs: np.ndarray | None = None  # float32 [B, k]
 
 
+class LaunchedStep(Protocol):
+    """A step handed to the device: its sampled tokens, now or once the device is done."""
+
+    @property
+    def placeholders(self) -> np.ndarray | None:
+        """Negative stand-ins for this step's tokens, one per request, that the next step may
+        pass as input ids before the host has seen the tokens; None if the step is done."""
+        ...
+
+    def result(self) -> SampleOutput:
+        """The sampled tokens (waits for this step, not for later ones)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FinishedStep:
+    """A step that ran to completion inside `launch` (runners without overlap)."""
+
+    output: SampleOutput
+    placeholders: None = None
+
+    def result(self) -> SampleOutput:
+        return self.output
+
+
 class ModelRunner(ABC):
     """Runs one model on one device. Owns the KV tensors, indexed by the pool's slots."""
 
     kv_capacity: int  # usable KV slots (tokens); slot 0 is an extra dummy
+    # True when `launch` returns before the device is done, so the scheduler prepares step
+    # N+1 while step N runs (see `localradix.runner.overlap`).
+    overlaps: bool = False
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         """Compute the new tokens' KV and sample one token per request (from its last token)."""
+
+    def launch(self, batch: ForwardBatch, sampling: SamplingBatch) -> LaunchedStep:
+        """Start a step; `forward` to completion unless the runner overlaps."""
+        return FinishedStep(self.forward(batch, sampling))

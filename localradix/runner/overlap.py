@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
-from localradix.runner.sampler import _sample_random, apply_penalties, apply_vocab_mask
+from localradix.runner.sampler import DeviceSample, sample_on_device
 from localradix.sched.batch import ForwardBatch
 
 
@@ -68,42 +68,6 @@ def resolve_placeholders(input_ids: torch.Tensor, ring: torch.Tensor) -> torch.T
     return torch.where(input_ids < 0, ring[entries], input_ids)
 
 
-@dataclass(frozen=True)
-class DeviceSample:
-    """Sampling results still on the device (or being copied to the host)."""
-
-    token_ids: torch.Tensor  # int64 [B]
-    logprobs: torch.Tensor | None = None  # float32 [B]
-    top_ids: torch.Tensor | None = None  # int64 [B, k]
-    top_logprobs: torch.Tensor | None = None  # float32 [B, k]
-
-    def map(self, fn: Any) -> DeviceSample:
-        def each(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else fn(t)
-
-        return DeviceSample(
-            fn(self.token_ids), each(self.logprobs), each(self.top_ids), each(self.top_logprobs)
-        )
-
-
-def sample_on_device(logits: torch.Tensor, sb: SamplingBatch) -> DeviceSample:
-    """`runner.sampler.sample` without the copy to the host (so nothing waits on the device)."""
-    if sb.any_penalty:
-        logits = apply_penalties(logits, sb)
-    if sb.vocab_mask is not None:
-        logits = apply_vocab_mask(logits, sb.vocab_mask)
-    tokens = logits.argmax(dim=-1) if sb.all_greedy else _sample_random(logits, sb)
-    k = sb.max_logprobs
-    if k < 0:
-        return DeviceSample(tokens)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    if k == 0:
-        return DeviceSample(tokens, chosen)
-    top_lp, top_ids = logprobs.topk(k, dim=-1)
-    return DeviceSample(tokens, chosen, top_ids, top_lp)
-
-
 class HostCopies:
     """Non-blocking device-to-host copies and an event to wait on; synchronous on the CPU."""
 
@@ -147,18 +111,13 @@ class PendingStep:
     def result(self) -> SampleOutput:
         """Waits for the copies (not for later steps) and returns the sampled tokens."""
         self.event.synchronize()
-        h = self.host
-
-        def arr(t: torch.Tensor | None) -> np.ndarray | None:
-            return None if t is None else t.numpy()
-
-        return SampleOutput(
-            h.token_ids.numpy(), arr(h.logprobs), arr(h.top_ids), arr(h.top_logprobs)
-        )
+        return self.host.numpy()
 
 
 class OverlapRunner(ModelRunner):
     """Wraps a `LogitsRunner` so steps can be launched ahead of reading their results."""
+
+    overlaps = True
 
     def __init__(
         self, runner: LogitsRunner, capacity: int = 4096, copies: HostCopies | None = None

@@ -2,10 +2,14 @@
 
 Randomness comes in as one uniform draw per request (`SamplingBatch.uniform`) and tokens are
 picked by inverse CDF, so a seeded request gives the same tokens alone or in any batch, on any
-backend.
+backend. Host arrays go to the device with non-blocking copies, so sampling never makes the
+host wait for the device (the overlap scheduler relies on it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,17 +17,60 @@ import torch
 from localradix.runner.base import SampleOutput, SamplingBatch
 
 
+@dataclass(frozen=True)
+class DeviceSample:
+    """Sampling results still on the device (or being copied to the host)."""
+
+    token_ids: torch.Tensor  # int64 [B]
+    logprobs: torch.Tensor | None = None  # float32 [B]
+    top_ids: torch.Tensor | None = None  # int64 [B, k]
+    top_logprobs: torch.Tensor | None = None  # float32 [B, k]
+
+    def map(self, fn: Any) -> DeviceSample:
+        def each(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
+        return DeviceSample(
+            fn(self.token_ids), each(self.logprobs), each(self.top_ids), each(self.top_logprobs)
+        )
+
+    def numpy(self) -> SampleOutput:
+        """The host copy as numpy (the tensors must already be on the CPU)."""
+
+        def arr(t: torch.Tensor | None) -> np.ndarray | None:
+            return None if t is None else t.numpy()
+
+        return SampleOutput(
+            self.token_ids.numpy(), arr(self.logprobs), arr(self.top_ids), arr(self.top_logprobs)
+        )
+
+
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
     """logits: float32 [B, V] (one row per request) -> chosen tokens (+ logprobs if asked)."""
+    return sample_on_device(logits, sb).map(lambda t: t.cpu()).numpy()
+
+
+def sample_on_device(logits: torch.Tensor, sb: SamplingBatch) -> DeviceSample:
+    """Chosen tokens (+ logprobs if asked), left on the logits' device."""
     if sb.any_penalty:
         logits = apply_penalties(logits, sb)
     if sb.vocab_mask is not None:
         logits = apply_vocab_mask(logits, sb.vocab_mask)
-    if sb.all_greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        tokens = _sample_random(logits, sb)
-    return _with_logprobs(logits, tokens, sb)
+    tokens = logits.argmax(dim=-1) if sb.all_greedy else _sample_random(logits, sb)
+    k = sb.max_logprobs
+    if k < 0:
+        return DeviceSample(tokens)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    if k == 0:
+        return DeviceSample(tokens, chosen)
+    top_lp, top_ids = logprobs.topk(k, dim=-1)
+    return DeviceSample(tokens, chosen, top_ids, top_lp)
+
+
+def _on(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host array on `device` without waiting for the device."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, dtype, non_blocking=True)
 
 
 def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -35,12 +82,12 @@ def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         ids, n_prompt = hist
         rep = float(sb.repetition_penalty[i])
         if rep != 1.0:  # Hugging Face semantics: every token seen, prompt included
-            seen = torch.from_numpy(np.unique(ids)).to(logits.device)
+            seen = _on(np.unique(ids), logits.device)
             row = logits[i, seen]
             logits[i, seen] = torch.where(row > 0, row / rep, row * rep)
         counts = np.bincount(ids[n_prompt:], minlength=vocab)[:vocab]
         if counts.any():  # OpenAI semantics: generated tokens only
-            c = torch.from_numpy(counts).to(logits.device, logits.dtype)
+            c = _on(counts, logits.device, logits.dtype)
             logits[i] -= float(sb.frequency_penalty[i]) * c
             logits[i] -= float(sb.presence_penalty[i]) * (c > 0).to(logits.dtype)
     return logits
@@ -48,7 +95,7 @@ def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 def apply_vocab_mask(logits: torch.Tensor, mask: np.ndarray) -> torch.Tensor:
     """Disallow (-inf) every token whose bit is clear in the int32 bitmask [B, ceil(V / 32)]."""
-    words = torch.from_numpy(mask).to(logits.device)
+    words = _on(mask, logits.device)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((words[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
     return logits.masked_fill(~allowed, float("-inf"))
@@ -56,7 +103,7 @@ def apply_vocab_mask(logits: torch.Tensor, mask: np.ndarray) -> torch.Tensor:
 
 def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     device = logits.device
-    temperature = torch.from_numpy(sb.temperature).to(device)
+    temperature = _on(sb.temperature, device)
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     probs = torch.softmax(scaled, dim=-1)
@@ -66,7 +113,7 @@ def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     else:
         order = None
     cdf = probs.cumsum(dim=-1)
-    u = torch.from_numpy(sb.uniform).to(device, cdf.dtype)
+    u = _on(sb.uniform, device, cdf.dtype)
     pos = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
     pos = pos.clamp_(max=probs.shape[1] - 1)
     picked = pos if order is None else order.gather(1, pos)
@@ -80,25 +127,12 @@ def _needs_filter(sb: SamplingBatch) -> bool:
 def _filter_mask(sorted_probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """True where a (descending-sorted) token is cut by top-k, top-p or min-p."""
     device, vocab = sorted_probs.device, sorted_probs.shape[1]
-    top_k = torch.from_numpy(np.where(sb.top_k > 0, sb.top_k, vocab)).to(device)
-    top_p = torch.from_numpy(sb.top_p).to(device)
-    min_p = torch.from_numpy(sb.min_p).to(device)
+    top_k = _on(np.where(sb.top_k > 0, sb.top_k, vocab), device)
+    top_p = _on(sb.top_p, device)
+    min_p = _on(sb.min_p, device)
     rank = torch.arange(vocab, device=device)[None, :]
     mask = rank >= top_k[:, None]
     mask |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p[:, None]
     mask |= sorted_probs < (min_p * sorted_probs[:, 0])[:, None]
     mask[:, 0] = False  # the most likely token always survives
     return mask
-
-
-def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
-    k = sb.max_logprobs
-    token_ids = tokens.to("cpu", torch.int64).numpy()
-    if k < 0:
-        return SampleOutput(token_ids)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0].cpu().numpy()
-    if k == 0:
-        return SampleOutput(token_ids, chosen)
-    top_lp, top_ids = logprobs.topk(k, dim=-1)
-    return SampleOutput(token_ids, chosen, top_ids.cpu().numpy(), top_lp.cpu().numpy())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import psutil
 import torch
 
@@ -65,11 +66,22 @@ class TorchRunner(ModelRunner):
         return int(psutil.virtual_memory().available)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
+    def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits [num_reqs, vocab] of each request's last new token, on the device.
+
+        `input_ids` (on the device) overrides `batch.input_ids`, e.g. tokens sampled by the
+        previous step that the host has not seen yet (see `localradix.runner.overlap`).
+        """
         self.attn.prepare(batch)
-        input_ids = torch.from_numpy(batch.input_ids).to(self.device)
-        positions = torch.from_numpy(batch.positions).to(self.device)
-        hidden = self.model.forward(input_ids, positions, self.attn)
-        last = torch.from_numpy(batch.last_token_index).to(self.device)
-        logits = self.model.compute_logits(hidden[last]).float()
-        return sample(logits, sampling)
+        ids = input_ids if input_ids is not None else self._tensor(batch.input_ids)
+        hidden = self.model.forward(ids, self._tensor(batch.positions), self.attn)
+        if batch.num_tokens != batch.num_reqs:
+            hidden = hidden[self._tensor(batch.last_token_index)]
+        return self.model.compute_logits(hidden).float()
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
+        return sample(self.logits(batch), sampling)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)

@@ -41,6 +41,12 @@ class Req:
     prefix_match: Any = None  # MatchResult of the latest match (for scheduling and TUI)
     grammar_future: Any = None  # Future of the compiled constraint, while it compiles
     grammar: Any = None  # GrammarState once compiled
+    # Overlap scheduling: tokens sampled by launched steps that the host has not read yet, the
+    # runner's placeholder for the newest one (the next step's input), and an epoch that
+    # retraction bumps so that results launched before it are dropped.
+    pending: int = 0
+    placeholder: int = 0
+    epoch: int = 0
     # Reporting
     cached_tokens: int = -1  # prompt tokens served from cache at first admission
     finish_reason: str | None = None
@@ -66,7 +72,7 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return max(self.params.max_new_tokens - len(self.output_ids), 0)
+        return max(self.params.max_new_tokens - len(self.output_ids) - self.pending, 0)
 
     @property
     def finished(self) -> bool:

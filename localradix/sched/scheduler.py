@@ -1,8 +1,14 @@
 """The engine loop: admit waiting requests against the radix cache, batch, run, sample, cache.
 
-One `step()` runs at most one batch: a prefill (extend) batch when one can be admitted — prefill
-has priority — otherwise a decode batch of every running request. Numpy only; the model runner
-behind `ModelRunner` does the array work.
+One `step()` launches at most one batch: a prefill (extend) batch when one can be admitted —
+prefill has priority — otherwise a decode batch of every running request. KV bookkeeping moves
+at launch; tokens are read afterwards. With a runner that overlaps (`ModelRunner.overlaps`) the
+tokens of step N are read only after step N+1 is launched, so the host schedules while the
+device computes: a request whose last token is still on the device is fed the runner's
+placeholder for it, and one that finished in step N may run one extra step whose token is
+dropped. Requests that need their tokens on the host to build the next step (grammar masks,
+penalties) make the scheduler read the step in flight first. Numpy only; the model runner behind
+`ModelRunner` does the array work.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +28,7 @@ from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutp
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import RadixCache
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.base import LaunchedStep, ModelRunner, SampleOutput, SamplingBatch
 from localradix.sched.batch import ForwardBatch
 from localradix.sched.policy import PrefillBudget, order_waiting
 from localradix.sched.request import Req, ReqState
@@ -32,6 +39,24 @@ logger = logging.getLogger("localradix.scheduler")
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from init to min
 PREFIXES_REFRESH_S = 1.0  # the stats' prefix ranking walks the whole tree: at most once a second
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens the host has not read yet."""
+
+    reqs: list[Req]
+    epochs: list[int]  # each request's epoch at launch: a retracted request drops its token
+    samples: list[bool]  # whether each request samples a token (a non-final chunk does not)
+    handle: LaunchedStep
+    is_prefill: bool
+    num_tokens: int
+    started: float
+
+    @property
+    def needs_host_tokens(self) -> bool:
+        """Whether its requests' next step needs these tokens on the host (grammar, penalties)."""
+        return any(r.grammar is not None or _penalized(r) for r in self.reqs)
 
 
 class Scheduler:
@@ -68,6 +93,9 @@ class Scheduler:
         self.compiling: list[Req] = []  # waiting for their constraint's grammar
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        self.in_flight: InFlight | None = None
+        self.overlap = runner.overlaps
+        self._last_read = 0.0  # when the host last read a step's tokens (step timing)
         self.reqs: dict[str, Req] = {}
         self._rejected: list[RequestOutput] = []
         self._touched: dict[str, Req] = {}
@@ -155,18 +183,26 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked or self.compiling)
+        return not (
+            self.waiting or self.running or self.chunked or self.compiling or self.in_flight
+        )
 
     # ---- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch (if any) and return every request's new tokens since the last step."""
+        """Launch one batch (if any) and return every request's new tokens read since the last
+        step: this step's own, or with overlap, the previous step's."""
         was_busy = not self.idle
         if self.compiling:
             self._collect_grammars()
+        if self.in_flight is not None and self.in_flight.needs_host_tokens:
+            self._read_in_flight()
         batch = self._schedule_prefill() or self._schedule_decode()
-        if batch:
-            self._run(batch)
+        launched = self._launch(batch) if batch else None
+        self._read_in_flight()  # step N's tokens, read while step N+1 runs
+        self.in_flight = launched
+        if not self.overlap:
+            self._read_in_flight()
         if was_busy and self.idle:
             self.check_invariants(idle=True)
         return self._collect_outputs()
@@ -318,28 +354,36 @@ class Scheduler:
     # ---- decode and retraction -----------------------------------------------------------
 
     def _schedule_decode(self) -> list[Req]:
-        while (
-            self.running and self.pool.available + self.cache.evictable_size < self._decode_need()
-        ):
+        batch = self._decodable()
+        while batch and self.pool.available + self.cache.evictable_size < self._decode_need(batch):
             self._retract_one()
-        if not self.running:
+            batch = self._decodable()
+        if not batch:
             return []
-        opening = [r for r in self.running if r.kv_len % self.page == 0]  # need a new page
+        opening = [r for r in batch if r.kv_len % self.page == 0]  # need a new page
         slots = self.pool.alloc(len(opening) * self.page)
         assert slots is not None, "decode room was checked just above"
         for i, req in enumerate(opening):
             assert req.row is not None
             page = slots[i * self.page : (i + 1) * self.page]
             self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
-        for req in self.running:
+        for req in batch:
             req.extend_len = 1
         step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
-        return list(self.running)
+        return batch
 
-    def _decode_need(self) -> int:
+    def _decodable(self) -> list[Req]:
+        """Running requests not already certain to stop at a token still on the device."""
+        return [
+            r
+            for r in self.running
+            if r.remaining_new_tokens > 0 and r.seq_len + r.pending < self.context_len
+        ]
+
+    def _decode_need(self, batch: list[Req]) -> int:
         """Slots one decode step must allocate: a page for each request whose page is full."""
-        return sum(r.kv_len % self.page == 0 for r in self.running) * self.page
+        return sum(r.kv_len % self.page == 0 for r in batch) * self.page
 
     def _retract_one(self) -> None:
         """Send the request with the fewest generated tokens back to the queue, prefix cached."""
@@ -355,6 +399,7 @@ class Scheduler:
         self._release(victim)
         victim.state = ReqState.WAITING
         victim.prefix_match = None
+        victim.pending, victim.epoch = 0, victim.epoch + 1  # its token in flight is dropped
         victim.retractions += 1
         self.waiting.insert(0, victim)
         self.retractions += 1
@@ -363,7 +408,8 @@ class Scheduler:
 
     # ---- running a batch -----------------------------------------------------------------
 
-    def _run(self, batch: list[Req]) -> None:
+    def _launch(self, batch: list[Req]) -> InFlight:
+        """Hand the batch to the runner and move its KV bookkeeping past it."""
         fb = self._forward_batch(batch)
         sb = SamplingBatch.build(
             [r.params for r in batch],
@@ -371,15 +417,44 @@ class Scheduler:
             [self._history(r) for r in batch],
             self._vocab_mask(batch),
         )
-        started = time.monotonic()
-        out = self.runner.forward(fb, sb)
-        elapsed = time.monotonic() - started
         is_prefill = batch[0].state == ReqState.PREFILL
-        meter = self.prefill_meter if is_prefill else self.decode_meter
-        meter.add(fb.num_tokens, elapsed)
-        for i, req in enumerate(batch):
-            self._advance(req, out, i)
-        if not is_prefill:
+        started = time.monotonic()
+        handle = self.runner.launch(fb, sb)
+        epochs = [r.epoch for r in batch]
+        samples = [self._advance_kv(req, handle.placeholders, i) for i, req in enumerate(batch)]
+        return InFlight(batch, epochs, samples, handle, is_prefill, fb.num_tokens, started)
+
+    def _advance_kv(self, req: Req, placeholders: np.ndarray | None, i: int) -> bool:
+        """KV bookkeeping at launch; True when the request samples a token in this step."""
+        was_prefill = req.state == ReqState.PREFILL
+        req.kv_len += req.extend_len
+        req.extend_len = 0
+        if was_prefill:
+            self._cache_unfinished(req)
+            if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
+                return False
+            req.state = ReqState.DECODE
+            self.running.append(req)
+        req.pending += 1
+        if placeholders is not None:
+            req.placeholder = int(placeholders[i])
+        return True
+
+    def _read_in_flight(self) -> None:
+        """Read the launched step's tokens (waiting for the device if needed) and apply them."""
+        step, self.in_flight = self.in_flight, None
+        if step is None:
+            return
+        out = step.handle.result()
+        now = time.monotonic()
+        meter = self.prefill_meter if step.is_prefill else self.decode_meter
+        meter.add(step.num_tokens, now - max(step.started, self._last_read))
+        self._last_read = now
+        for i, req in enumerate(step.reqs):
+            # Dropped: a retracted request's token (it re-runs), or one after the request ended.
+            if step.samples[i] and req.epoch == step.epochs[i] and not req.finished:
+                self._take_token(req, out, i)
+        if not step.is_prefill:
             self._decode_steps += 1
             if self._decode_steps % max(self.args.decode_log_interval, 1) == 0:
                 self._log_decode()
@@ -391,6 +466,8 @@ class Scheduler:
             end = req.kv_len + req.extend_len
             if req.state == ReqState.PREFILL:
                 ids.append(req.all_ids[req.kv_len : end])
+            elif req.pending:  # its last token is still on the device
+                ids.append(np.array([req.placeholder], dtype=np.int64))
             else:
                 ids.append(np.array(req.output_ids[-1:], dtype=np.int64))
             tables.append(self.req_pool.table[req.row, :end])
@@ -398,11 +475,11 @@ class Scheduler:
         return ForwardBatch.build(ids, tables, prefixes)
 
     def _uniforms(self, batch: list[Req]) -> np.ndarray:
-        """One draw per request; a seeded request's draw depends only on (seed, step)."""
+        """One draw per request; a seeded request's draw depends only on (seed, token index)."""
         draws = self._rng.random(len(batch))
         for i, req in enumerate(batch):
             if req.params.seed is not None:
-                seq = [req.params.seed & 0xFFFFFFFF, len(req.output_ids)]
+                seq = [req.params.seed & 0xFFFFFFFF, len(req.output_ids) + req.pending]
                 draws[i] = np.random.default_rng(seq).random()
         return draws
 
@@ -411,7 +488,7 @@ class Scheduler:
         rows = [
             i
             for i, r in enumerate(batch)
-            if r.grammar is not None and r.kv_len + r.extend_len == r.seq_len
+            if r.grammar is not None and r.kv_len + r.extend_len >= r.seq_len
         ]
         if not rows:
             return None
@@ -422,18 +499,10 @@ class Scheduler:
 
     @staticmethod
     def _history(req: Req) -> tuple[np.ndarray, int] | None:
-        p = req.params
-        if p.repetition_penalty == 1.0 and p.presence_penalty == 0 and p.frequency_penalty == 0:
-            return None
-        return req.all_ids, len(req.prompt_ids)
+        return (req.all_ids, len(req.prompt_ids)) if _penalized(req) else None
 
-    def _advance(self, req: Req, out: SampleOutput, i: int) -> None:
-        was_prefill = req.state == ReqState.PREFILL
-        req.kv_len += req.extend_len
-        req.extend_len = 0
-        if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
-            self._cache_unfinished(req)
-            return
+    def _take_token(self, req: Req, out: SampleOutput, i: int) -> None:
+        req.pending -= 1
         token = int(out.token_ids[i])
         req.output_ids.append(token)
         self.generated_tokens_total += 1
@@ -444,13 +513,8 @@ class Scheduler:
         self._touched[req.rid] = req
         self._check_finished(req, token)
         if req.finished:
-            if not was_prefill:
-                self.running.remove(req)
+            self.running.remove(req)
             self._release(req)
-        elif was_prefill:
-            self._cache_unfinished(req)
-            req.state = ReqState.DECODE
-            self.running.append(req)
 
     def _check_finished(self, req: Req, token: int) -> None:
         p = req.params
@@ -616,6 +680,11 @@ class Scheduler:
             self.decode_meter.rate(time.monotonic()),
             len(self.waiting),
         )
+
+
+def _penalized(req: Req) -> bool:
+    p = req.params
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0 or p.frequency_penalty != 0
 
 
 def _token_logprob(out: SampleOutput, i: int, token: int, k: int) -> TokenLogprob:

@@ -13,14 +13,12 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import psutil
 import torch
 
 from localradix.runner.attention import AttentionBackend, get_attention_backend
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
 from localradix.runner.cuda_graphs import DecodeGraphs, GraphApi, graph_batch_sizes
-from localradix.runner.sampler import sample
+from localradix.runner.torch_runner import TorchRunner
 from localradix.sched.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -62,7 +60,7 @@ def free_device_memory(device: torch.device | str) -> int:
 
 def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
-    attention, why = choose_attention("flashinfer", target.dtype, has_flashinfer)
+    attention, why = choose_attention(target.attention_backend, target.dtype, has_flashinfer)
     logger.info("CUDA attention: %s (%s)", attention, why)
     return create_device_runner(args, source, target, attention)
 
@@ -81,7 +79,9 @@ def create_device_runner(
     return runner, config
 
 
-class DeviceRunner(ModelRunner):
+class DeviceRunner(TorchRunner):
+    """`TorchRunner` plus page-size-aware attention, decode graphs and device-memory sizing."""
+
     def __init__(
         self,
         model: Any,
@@ -142,23 +142,6 @@ class DeviceRunner(ModelRunner):
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 logits [num_reqs, vocab] of each request's last new token, on the device.
-
-        `input_ids` (on the device) overrides `batch.input_ids`, e.g. tokens sampled by the
-        previous step that the host has not seen yet (see `localradix.runner.overlap`).
-        """
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch, input_ids)
-        self.attn.prepare(batch)
-        ids = input_ids if input_ids is not None else self._tensor(batch.input_ids)
-        hidden = self.model.forward(ids, self._tensor(batch.positions), self.attn)
-        if batch.num_tokens != batch.num_reqs:
-            hidden = hidden[self._tensor(batch.last_token_index)]
-        return self.model.compute_logits(hidden).float()
-
-    @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
-        return sample(self.logits(batch), sampling)
-
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+        return super().logits(batch, input_ids)

@@ -15,7 +15,8 @@ SPEC = BackendSpec(
     dtypes=("bfloat16", "float16", "float32"),
     default_dtype="bfloat16",
     device_types=("cuda", "hip"),
-    # attention_backend stays the torch-native default (the fallback); the runner switches to
-    # FlashInfer where it can run (see `runner.py`), with CUDA graphs for decode.
+    # Preferred kernels: the runner falls back to torch-native attention where FlashInfer
+    # cannot run (package missing, float32, unsupported GPU); see `runner.py`.
+    attention_backend="flashinfer",
     supports_graphs=True,
 )

@@ -44,5 +44,7 @@ def create_rocm_runner(args: ServerArgs, source: ModelSource, target: Target) ->
     arch = getattr(torch.cuda.get_device_properties(target.device), "gcnArchName", "")
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
     attention, why = rocm_attention(arch, target.dtype, has_flashinfer)
+    if target.attention_backend != "flashinfer":  # a plugin spec asking for other kernels
+        attention, why = target.attention_backend, "requested by the backend spec"
     logger.info("ROCm attention: %s (%s)", attention, why)
     return create_device_runner(args, source, target, attention)
