@@ -14,8 +14,10 @@
    FlashInfer's logits against the torch-native attention's on the same bf16 weights.
 4. bf16 speed: decode at batch 1, 32, 128 (plain and overlapped steps), prefill of 4096 tokens,
    and the fraction of the HBM-bandwidth roofline reached at batch 1 (target >= 50%).
-Runner-level: batches are built directly (no HTTP, no scheduler). Exit status 1 if a parity
-check fails; the roofline target is reported, not enforced. Phases that would pass the time
+5. served decode: the same batches through the scheduler (radix cache, batching, sampling
+   bookkeeping), with the plain loop and with the overlap scheduler.
+Steps 1-4 are runner-level: batches are built directly (no HTTP, no scheduler). Exit status 1
+if a parity check fails; the roofline target is reported, not enforced. Phases that would pass the time
 limit are skipped and say so; the process is killed 60 s after the limit in any case.
 """
 
@@ -301,6 +303,35 @@ def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev:
     return {"plain": plain, "overlap": overlapped, "context": ctx + 2 * steps + 6}
 
 
+def bench_served(runner: Any, batch: int, ctx: int, new: int, overlap: bool, dev: str) -> float:
+    """Decode tokens/s through the scheduler, after every request's prefill is done."""
+    from localradix.engine.messages import GenerateRequest
+    from localradix.runner.overlap import OverlapRunner
+    from localradix.sched.scheduler import Scheduler
+
+    vocab = runner.config.vocab_size
+    args = ServerArgs(max_total_tokens=runner.kv_capacity, max_running_requests=batch)
+    args = args.replace(page_size=runner.page_size, max_prefill_tokens=max(8192, batch * ctx))
+    wrapped = OverlapRunner(runner, capacity=4 * batch + 4) if overlap else runner
+    sched = Scheduler(
+        wrapped, args, context_len=8192, eos_token_ids=(), decode=str, vocab_size=vocab
+    )
+    params = SamplingParams(temperature=0.0, max_new_tokens=new, ignore_eos=True)
+    for i in range(batch):  # distinct first tokens: no shared prefixes
+        prompt = tuple(3 + (i * 7919 + j) % (vocab - 3) for j in range(ctx))
+        sched.add_request(GenerateRequest(f"r{i}", prompt, params))
+    produced = 0
+    while produced < batch:  # every request has its first token: decode from here
+        produced += sum(len(o.new_token_ids) for o in sched.step())
+    sync(dev)
+    start, decoded = time.perf_counter(), 0
+    while sched.has_work():
+        decoded += sum(len(o.new_token_ids) for o in sched.step())
+    sync(dev)
+    sched.check_invariants(idle=True)
+    return decoded / (time.perf_counter() - start)
+
+
 def bench_prefill(runner: Any, tokens: int, vocab: int, dev: str, reps: int = 3) -> float:
     ids = [3 + j % (vocab - 3) for j in range(tokens)]
     batch = Slots(runner.page_size).batch({"prompt": ids})
@@ -332,6 +363,19 @@ def run_speed(runner: Any, opts: argparse.Namespace, clock: Clock, report: Repor
         rate = bench_prefill(runner, opts.prefill_tokens, config.vocab_size, dev)
         report.numbers[f"prefill_{opts.prefill_tokens}_tok_s"] = rate
         print(f"prefill {opts.prefill_tokens} tokens: {rate:9.1f} tok/s", flush=True)
+    for batch in opts.decode_batches:
+        if not clock.allows(f"served decode batch {batch}", 20, report):
+            continue
+        served = {
+            mode: bench_served(runner, batch, opts.context, opts.steps, mode == "overlap", dev)
+            for mode in ("plain", "overlap")
+        }
+        report.numbers[f"served_decode_b{batch}_tok_s"] = served
+        print(
+            f"served decode batch {batch:>3}: {served['plain']:9.1f} tok/s plain scheduler, "
+            f"{served['overlap']:9.1f} tok/s overlap scheduler",
+            flush=True,
+        )
 
 
 def roofline(model: Any, per_token_kv: int, r: dict, opts: argparse.Namespace, report: Report):

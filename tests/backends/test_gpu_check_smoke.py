@@ -24,4 +24,7 @@ def test_gpu_check_smoke_runs_on_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["failed"] == [] and result["checks"]["fp32 greedy vs transformers"]
     assert set(result["numbers"]) >= {"decode_b1_tok_s", "decode_b4_tok_s", "roofline_b1"}
+    served = result["numbers"]["served_decode_b4_tok_s"]
+    assert served["plain"] > 0 and served["overlap"] > 0
+    assert "served decode batch   4:" in done.stdout
     assert result["skipped"] == ["bf16 FlashInfer parity (needs CUDA)"]
