@@ -123,6 +123,7 @@ class FlashInferAttention(AttentionBackend):
         self._graph_indices: torch.Tensor | None = None  # shared by every graph wrapper
         self._active: Any = None
         self._out_slots = torch.zeros(0, dtype=torch.long, device=device)
+        self._plan_copied: dict[int, Any] = {}  # wrapper id -> event after its last plan
 
     @classmethod
     def from_model_config(
@@ -152,12 +153,26 @@ class FlashInferAttention(AttentionBackend):
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
         table = (_host(kv.kv_indptr), _host(kv.kv_indices), _host(kv.last_page_len))
         if batch.is_decode_only:
-            self._decode.plan(*table, *heads, **self._decode_kw)
+            self._plan(self._decode, *table, *heads, **self._decode_kw)
             self._active = self._decode
         else:
             qo = _host(kv.qo_indptr)
-            self._prefill.plan(qo, *table, *heads, causal=True, **self._prefill_kw)
+            self._plan(self._prefill, qo, *table, *heads, causal=True, **self._prefill_kw)
             self._active = self._prefill
+
+    def _plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+        """`wrapper.plan`, once the wrapper's previous plan has reached the device.
+
+        FlashInfer plans into one pinned host buffer per wrapper and copies it to the device
+        asynchronously. With overlap scheduling step N+1 is planned before step N has run, so
+        planning at once could rewrite the buffer before step N's copy reads it. The wait is
+        short: step N's copy runs as soon as step N-1 ends, and the host has read step N-1.
+        """
+        copied = self._plan_copied.get(id(wrapper))
+        if copied is not None:
+            copied.synchronize()
+        wrapper.plan(*args, **kwargs)
+        self._plan_copied[id(wrapper)] = device_event(self.device)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
@@ -211,9 +226,19 @@ class FlashInferAttention(AttentionBackend):
         kv = paged_kv(batch, self.page_size)
         table = (_host(kv.kv_indptr), _host(kv.kv_indices), _host(kv.last_page_len))
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
-        state.wrapper.plan(*table, *heads, **self._decode_kw)
+        self._plan(state.wrapper, *table, *heads, **self._decode_kw)
         state.out_slots.copy_(torch.from_numpy(batch.out_slots), non_blocking=True)
         self._active, self._out_slots = state.wrapper, state.out_slots
+
+
+def device_event(device: torch.device | str) -> Any:
+    """An event recorded on the device's current stream (None on the CPU: nothing is queued)."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return None
+    event = getattr(torch, kind).Event()
+    event.record()
+    return event
 
 
 def _host(array: np.ndarray) -> torch.Tensor:

@@ -181,6 +181,39 @@ def test_flashinfer_backend_matches_torch_native(fake_flashinfer, page_size):
     assert fake_flashinfer.plans["prefill"] == 2 and fake_flashinfer.plans["decode"] == 2
 
 
+def test_flashinfer_replans_a_wrapper_only_after_its_last_plan_reached_the_device(
+    fake_flashinfer, monkeypatch
+):
+    """FlashInfer reuses one pinned buffer per wrapper for its async plan copy: with overlap,
+    planning step N+1 must first wait for the event recorded after step N's plan."""
+    from localradix.runner import attention_flashinfer
+
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def synchronize(self) -> None:
+            log.append(f"wait {self.name}")
+
+    planned = {"n": 0}
+
+    def event(device):
+        planned["n"] += 1
+        log.append(f"plan {planned['n']}")
+        return Event(str(planned["n"]))
+
+    assert attention_flashinfer.device_event("cpu") is None  # CPU work is never queued
+    monkeypatch.setattr(attention_flashinfer, "device_event", event)
+    fi, _ = _attention_pair(1)
+    slots = PagedSlots(96, 1)
+    for new in ({"a": [1, 2, 3]}, {"a": [4]}, {"a": [5]}, {"a": [6, 7]}):
+        fi.prepare(slots.batch(new))
+    # prefill (1), decode (2), decode waits for 2 then plans (3), prefill waits for 1 (4)
+    assert log == ["plan 1", "plan 2", "wait 2", "plan 3", "wait 1", "plan 4"]
+
+
 def test_flashinfer_backend_refuses_fp32_and_foreign_scale(fake_flashinfer):
     from localradix.runner.attention_flashinfer import FlashInferAttention
 
