@@ -60,19 +60,25 @@ class AttentionBackend(ABC):
         self.dtype = dtype
         self.device = device
 
+    # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
+    takes_page_size = False
+
     @classmethod
     def from_model_config(
-        cls, config: Any, num_slots: int, dtype: torch.dtype, device: torch.device | str
+        cls,
+        config: Any,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        page_size: int = 1,
     ) -> AttentionBackend:
-        """Size the cache for a `ModelConfig` (anything with the three fields used)."""
-        return cls(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            num_slots,
-            dtype,
-            device,
-        )
+        """Size the cache for a `ModelConfig` (anything with the fields used)."""
+        c = config
+        sizes = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim, num_slots, dtype, device)
+        if not cls.takes_page_size:  # slot-granular: any page size works unchanged
+            return cls(*sizes)
+        make: Any = cls  # paged subclasses add these keywords to __init__
+        return make(*sizes, num_heads=c.num_attention_heads, page_size=page_size)
 
     @staticmethod
     def kv_bytes_per_token(

@@ -85,7 +85,7 @@ class DecodeGraphState:
 class FlashInferAttention(AttentionBackend):
     """Paged attention through FlashInfer's batch prefill / decode wrappers (fp16 / bf16)."""
 
-    takes_page_size = True  # the runner passes --page-size to from_model_config
+    takes_page_size = True
     workspace_bytes = 128 * 2**20  # FlashInfer's float workspace, shared by all wrappers
 
     def __init__(
@@ -124,26 +124,6 @@ class FlashInferAttention(AttentionBackend):
         self._active: Any = None
         self._out_slots = torch.zeros(0, dtype=torch.long, device=device)
         self._plan_copied: dict[int, Any] = {}  # wrapper id -> event after its last plan
-
-    @classmethod
-    def from_model_config(
-        cls,
-        config: Any,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        page_size: int = 1,
-    ) -> FlashInferAttention:
-        return cls(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            num_slots,
-            dtype,
-            device,
-            num_heads=config.num_attention_heads,
-            page_size=page_size,
-        )
 
     # -- per step ------------------------------------------------------------------------
 

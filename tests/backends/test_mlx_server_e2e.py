@@ -19,7 +19,7 @@ if SERVER_TESTS not in sys.path:
     sys.path.insert(0, SERVER_TESTS)
 
 if HAS_MLX:
-    from server_harness import start_server
+    from server_harness import client, model, start_server  # noqa: F401 (fixtures)
     from test_e2e_real import *  # noqa: F403  (the suite: tests and their fixtures)
 
     del test_engine_death_gives_503_and_a_nonzero_exit  # noqa: F821

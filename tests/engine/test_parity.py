@@ -66,8 +66,12 @@ def test_no_radix_cache_matches(tiny_model):
         engine.check_invariants(idle=True)
 
 
-@pytest.mark.parametrize("policy", ["lpm", "fcfs", "dfs-weight"])
-def test_retraction_under_kv_pressure_matches(tiny_model, policy):
+@pytest.mark.parametrize(
+    ("policy", "overlap", "page_size"),
+    [("lpm", "off", 1), ("fcfs", "off", 1), ("dfs-weight", "off", 1), ("lpm", "on", 1)]
+    + [("fcfs", "on", 4)],
+)
+def test_retraction_under_kv_pressure_matches(tiny_model, policy, overlap, page_size):
     folder, hf = tiny_model("llama")
     prompts = _prompts(4, lengths=(40, 41, 42, 43, 44, 45))
     params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
@@ -78,6 +82,8 @@ def test_retraction_under_kv_pressure_matches(tiny_model, policy):
         max_total_tokens=300,  # 6 x (42 + 40) tokens do not fit: decode must retract
         new_token_ratio=0.05,
         schedule_policy=policy,
+        overlap_schedule=overlap,  # on: tokens are read one step behind the launches
+        page_size=page_size,
     ) as engine:
         results = engine.generate(prompts, params)
         assert _tokens(results) == refs

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -87,3 +89,23 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+# ---- fixtures: one real server per module (imported by conftest.py and the MLX suite) ------
+@pytest.fixture(scope="module")
+def server():
+    """One real server per module on the bundled model, with a small KV pool (a module may
+    override `server`, e.g. with `--backend mlx`; test_fake_server overrides `client`)."""
+    s = start_server(["--max-total-tokens", "16384", "--max-running-requests", "16"], fake=False)
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id

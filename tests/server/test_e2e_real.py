@@ -19,23 +19,6 @@ pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = start_server(["--max-total-tokens", "16384", "--max-running-requests", "16"], fake=False)
-    yield s
-    assert s.stop() == 0, s.log()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def stats(server) -> dict:
     return httpx.get(server.base + "/stats", timeout=10).json()
 

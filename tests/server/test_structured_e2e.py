@@ -15,9 +15,7 @@ from types import SimpleNamespace
 
 import httpx
 import jsonschema
-import openai
 import pytest
-from server_harness import start_server
 
 from localradix.server import serving
 from localradix.server.tokenizer_manager import Delta
@@ -94,23 +92,6 @@ TIME = {
 TOOLS = [WEATHER, TIME]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = start_server(["--max-total-tokens", "16384", "--max-running-requests", "16"], fake=False)
-    yield s
-    assert s.stop() == 0, s.log()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def _schema_format(i: int, schema: dict) -> dict:

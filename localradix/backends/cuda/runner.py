@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from localradix.runner.attention import AttentionBackend, get_attention_backend
+from localradix.runner.attention import get_attention_backend
 from localradix.runner.cuda_graphs import DecodeGraphs, GraphApi, graph_batch_sizes
 from localradix.runner.torch_runner import TorchRunner
 from localradix.sched.batch import ForwardBatch
@@ -103,7 +103,9 @@ class DeviceRunner(TorchRunner):
         self.kv_capacity = args.max_total_tokens or kv_tokens_from_memory(
             free_device_memory(device), args.mem_fraction, per_token
         )
-        self.attn = self._build_attention(backend_cls)
+        self.attn = backend_cls.from_model_config(
+            config, self.kv_capacity, dtype, device, page_size=self.page_size
+        )
         logger.info(
             "KV cache: %d tokens (%.1f MiB, page size %d) on %s, %s, %s attention",
             self.kv_capacity,
@@ -116,13 +118,6 @@ class DeviceRunner(TorchRunner):
         self.graphs: DecodeGraphs | None = None
         if graphs and hasattr(self.attn, "graph_state"):
             self.graphs = self._capture_graphs(args, graph_api)
-
-    def _build_attention(self, backend_cls: type[AttentionBackend]) -> AttentionBackend:
-        c, n = self.config, self.kv_capacity
-        if getattr(backend_cls, "takes_page_size", False):
-            make: Any = backend_cls.from_model_config
-            return make(c, n, self.dtype, self.device, page_size=self.page_size)
-        return backend_cls.from_model_config(c, n, self.dtype, self.device)
 
     def _capture_graphs(self, args: ServerArgs, api: GraphApi | None) -> DecodeGraphs | None:
         sizes = graph_batch_sizes(args.max_running_requests)

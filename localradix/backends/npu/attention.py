@@ -73,26 +73,6 @@ class NpuFusedAttention(AttentionBackend):
         self._plan: dict[str, Any] | None = None
         self._out_slots = torch.zeros(0, dtype=torch.long, device=device)
 
-    @classmethod
-    def from_model_config(
-        cls,
-        config: Any,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        page_size: int = 1,
-    ) -> NpuFusedAttention:
-        return cls(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            num_slots,
-            dtype,
-            device,
-            num_heads=config.num_attention_heads,
-            page_size=page_size,
-        )
-
     def prepare(self, batch: ForwardBatch) -> None:
         self.native.prepare(batch)
         self._plan = None
