@@ -5,6 +5,12 @@ Per layer: K/V of the new tokens go to the cache with one `index_copy_`; all dec
 with a key-padding mask (split into a few calls only when the gathered K/V would pass
 `decode_gather_bytes`); each extend (prefill) request runs as its own SDPA with a causal mask
 shifted by its cached prefix length (plain `is_causal` when it has no prefix).
+
+Decode requests that share a cached prefix (the same radix-tree slots, e.g. one system prompt)
+attend to it once per group ("cascade" attention, as FlashInfer's cascade kernels do): one
+matmul of all their queries against the shared K/V, one over each request's own suffix, merged
+by their log-sum-exp. The shared K/V is read once instead of once per request, which is what
+decode at long shared contexts spends its time on.
 """
 
 from __future__ import annotations
@@ -18,12 +24,24 @@ import torch.nn.functional as F
 from localradix.runner.attention import AttentionBackend
 from localradix.sched.batch import ForwardBatch
 
+# A decode group shares its prefix only from this many tokens: below it, gathering per request
+# costs less than the extra kernels.
+MIN_SHARED_PREFIX = 64
+
+
+@dataclass(frozen=True)
+class _SharedPrefix:
+    rows: torch.Tensor  # [b] rows of the decode plan (b >= 2) whose slot tables start with it
+    slots: torch.Tensor | slice  # [L] its slots (a slice when contiguous: a view, no copy)
+
 
 @dataclass(frozen=True)
 class _DecodePlan:
     token_index: torch.Tensor | None  # [B] rows of q that are decode tokens; None = all rows
     slots: torch.Tensor | slice  # [B, L] padded slot table, or a slice when B=1 and contiguous
     mask: torch.Tensor | None  # bool [B, 1, 1, L]: True = attend; None = no padding
+    # With shared prefixes, `slots`/`mask` cover each request's slots after its group's prefix.
+    shared: tuple[_SharedPrefix, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,8 @@ class TorchNativeAttention(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         batch = q.shape[0]
+        if plan.shared:
+            return _cascade(plan, q, k_cache, v_cache, scale).reshape(batch, -1)
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
             keys, values = k_cache[plan.slots].unsqueeze(0), v_cache[plan.slots].unsqueeze(0)
         else:
@@ -156,16 +176,45 @@ class TorchNativeAttention(AttentionBackend):
         lens = batch.seq_lens[reqs]
         starts = batch.kv_indptr[reqs]
         if len(reqs) == 1:
-            own = batch.kv_indices[starts[0] : starts[0] + lens[0]]
-            if np.all(np.diff(own) == 1):
-                return _DecodePlan(token_index, slice(int(own[0]), int(own[-1]) + 1), None)
+            run = _as_slice(batch.kv_indices[starts[0] : starts[0] + lens[0]])
+            if run is not None:
+                return _DecodePlan(token_index, run, None)
+        skip, shared = self._shared_prefixes(batch.kv_indices, starts, lens)
+        starts, lens = starts + skip, lens - skip
         width = int(lens.max())
         cols = np.arange(width, dtype=np.int64)
         valid = cols[None, :] < lens[:, None]
         flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
         slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
         mask = None if bool(valid.all()) else self._tensor(valid[:, None, None, :])
-        return _DecodePlan(token_index, self._tensor(slots), mask)
+        return _DecodePlan(token_index, self._tensor(slots), mask, shared)
+
+    def _shared_prefixes(
+        self, kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray
+    ) -> tuple[np.ndarray, tuple[_SharedPrefix, ...]]:
+        """Groups of requests sharing at least MIN_SHARED_PREFIX leading slots, and how many
+        leading slots each request leaves to its group.
+
+        A slot holds one token of one sequence, so two requests with the same slot at position
+        p share every slot before it: grouping by the slot at MIN_SHARED_PREFIX - 1 is exact.
+        """
+        skip = np.zeros(len(starts), dtype=np.int64)
+        groups: list[_SharedPrefix] = []
+        long_enough = np.flatnonzero(lens > MIN_SHARED_PREFIX)  # each keeps its newest slot
+        marks = kv_indices[starts[long_enough] + MIN_SHARED_PREFIX - 1]
+        _, group_of, sizes = np.unique(marks, return_inverse=True, return_counts=True)
+        for g in np.flatnonzero(sizes >= 2):
+            rows = long_enough[group_of == g]
+            span = int(lens[rows].min()) - 1
+            tables = kv_indices[starts[rows, None] + np.arange(span)]
+            same = np.all(tables == tables[0], axis=0)
+            common = span if same.all() else int(np.argmin(same))
+            prefix = tables[0, :common]
+            skip[rows] = common
+            run = _as_slice(prefix)
+            slots = run if run is not None else self._tensor(prefix)
+            groups.append(_SharedPrefix(self._tensor(rows), slots))
+        return skip, tuple(groups)
 
     def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
         start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
@@ -176,3 +225,60 @@ class TorchNativeAttention(AttentionBackend):
         seq = len(kv)
         causal = np.arange(seq)[None, :] <= prefix + np.arange(end - start)[:, None]
         return _ExtendPlan(start, end, self._tensor(kv), self._tensor(causal))
+
+
+def _as_slice(slots: np.ndarray) -> slice | None:
+    """The slots as a slice when they are one contiguous ascending run, else None."""
+    if len(slots) and np.all(np.diff(slots) == 1):
+        return slice(int(slots[0]), int(slots[-1]) + 1)
+    return None
+
+
+def _partial(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalized attention of q [..., G, D] over keys/values [..., L, D]: (max, sum, out).
+
+    out is exp(scores - max) @ values, so two partials over disjoint keys merge exactly.
+    """
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [..., G, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    top = scores.amax(dim=-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    return top, weights.sum(dim=-1, keepdim=True), torch.matmul(weights.to(values.dtype), values)
+
+
+def _cascade(
+    plan: _DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention with shared prefixes: q [B, Hq, D] -> [B, Hq, D]."""
+    batch, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    grouped = q.reshape(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
+    assert not isinstance(plan.slots, slice)
+    keys = k_cache[plan.slots].permute(0, 2, 1, 3)  # [B, Hkv, W, D]: each request's own part
+    values = v_cache[plan.slots].permute(0, 2, 1, 3)
+    top, total, out = _partial(grouped, keys, values, scale, plan.mask)  # mask [B, 1, 1, W]
+    out = out.float()
+    for group in plan.shared:
+        rows = group.rows
+        members = grouped[rows]  # [b, Hkv, G, D] -> all b*G queries of a KV head in one matmul
+        stacked = members.permute(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+        shared_k = k_cache[group.slots].transpose(0, 1)  # [Hkv, L, D]
+        shared_v = v_cache[group.slots].transpose(0, 1)
+        parts = _partial(stacked, shared_k, shared_v, scale)  # [Hkv, b*G, .] -> [b, Hkv, G, .]
+        s_top, s_total, s_out = (
+            t.float().reshape(kv_heads, len(rows), -1, t.shape[-1]).permute(1, 0, 2, 3)
+            for t in parts
+        )
+        new_top = torch.maximum(top[rows], s_top)
+        own, other = torch.exp(top[rows] - new_top), torch.exp(s_top - new_top)
+        total[rows] = total[rows] * own + s_total * other
+        out[rows] = out[rows] * own + s_out * other
+        top[rows] = new_top
+    return (out / total).to(q.dtype).reshape(batch, num_heads, head_dim)

@@ -22,6 +22,21 @@ logger = logging.getLogger("localradix.runner")
 DEFAULT_MAX_KV_TOKENS = 262_144
 
 
+def kv_tokens_from_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:
+    """KV slots that `fraction` of `free_bytes` holds (at least 1024)."""
+    return max(int(free_bytes * fraction) // bytes_per_token, 1024)
+
+
+def free_device_memory(device: torch.device | str) -> int:
+    """Free bytes on `device` (host RAM available for the CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return int(psutil.virtual_memory().available)
+    api: Any = getattr(torch, dev.type)  # torch.cuda (also ROCm), torch.npu with torch_npu
+    free, _ = api.mem_get_info(dev)
+    return int(free)
+
+
 class TorchRunner(ModelRunner):
     def __init__(
         self,
@@ -33,37 +48,30 @@ class TorchRunner(ModelRunner):
         attention_backend: str = "torch_native",
     ) -> None:
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.page_size = args.page_size
         backend_cls = get_attention_backend(attention_backend)
-        self.kv_capacity = args.max_total_tokens or self._capacity_from_memory(
-            backend_cls, args.mem_fraction
+        per_token = backend_cls.kv_bytes_per_token(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype
         )
+        self.kv_capacity = args.max_total_tokens or self._capacity(per_token, args.mem_fraction)
         self.attn: AttentionBackend = backend_cls.from_model_config(
-            config, self.kv_capacity, dtype, device
+            config, self.kv_capacity, dtype, device, page_size=self.page_size
         )
         logger.info(
-            "KV cache: %d tokens (%.1f MiB) on %s, %s",
+            "KV cache: %d tokens (%.1f MiB, page size %d) on %s, %s, %s attention",
             self.kv_capacity,
-            self.kv_capacity * self._bytes_per_token(backend_cls) / 2**20,
+            self.kv_capacity * per_token / 2**20,
+            self.page_size,
             device,
             str(dtype).removeprefix("torch."),
+            attention_backend,
         )
 
-    def _bytes_per_token(self, backend_cls: type[AttentionBackend]) -> int:
-        c = self.config
-        return backend_cls.kv_bytes_per_token(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype
-        )
-
-    def _capacity_from_memory(self, backend_cls: type[AttentionBackend], fraction: float) -> int:
-        free = self._free_memory()
-        tokens = int(free * fraction) // self._bytes_per_token(backend_cls)
-        return max(min(tokens, DEFAULT_MAX_KV_TOKENS), 1024)
-
-    def _free_memory(self) -> int:
-        if str(self.device).startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-            return int(free)
-        return int(psutil.virtual_memory().available)
+    def _capacity(self, bytes_per_token: int, fraction: float) -> int:
+        """KV slots from free memory; on the CPU at most a desktop default."""
+        tokens = kv_tokens_from_memory(free_device_memory(self.device), fraction, bytes_per_token)
+        on_cpu = torch.device(self.device).type == "cpu"
+        return min(tokens, DEFAULT_MAX_KV_TOKENS) if on_cpu else tokens
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:

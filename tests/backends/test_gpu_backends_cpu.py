@@ -299,9 +299,10 @@ def test_device_runner_without_graphs_or_flashinfer(tiny_model):
 
 
 def test_attention_choices():
-    from localradix.backends.cuda.runner import choose_attention, kv_tokens_from_memory
+    from localradix.backends.cuda.runner import choose_attention
     from localradix.backends.npu.runner import npu_attention
     from localradix.backends.rocm.runner import rocm_attention
+    from localradix.runner.torch_runner import kv_tokens_from_memory
 
     assert choose_attention("flashinfer", "bfloat16", True)[0] == "flashinfer"
     assert choose_attention("flashinfer", "float32", True) == (

@@ -43,6 +43,11 @@ class _World:
         self.tables: dict[str, list[int]] = {}
         self.gen = torch.Generator().manual_seed(0)
 
+    def fork(self, name: str, parent: str, n: int) -> None:
+        """A new request whose first n tokens are `parent`'s, on the same slots (a cache hit)."""
+        self.tables[name] = self.tables[parent][:n]
+        self.k[name], self.v[name] = self.k[parent][:n], self.v[parent][:n]
+
     def step(self, extends: dict[str, int]) -> None:
         qs, ks, vs, tables, prefixes, ids = [], [], [], [], [], []
         for name, n in extends.items():
@@ -73,6 +78,32 @@ def test_prefill_then_decode_single_request():
     world.step({"a": 9})
     for _ in range(4):
         world.step({"a": 1})
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_decodes_sharing_a_prefix_read_it_once_and_match(monkeypatch, contiguous):
+    """Cascade decode: each group's shared slots attended once, merged with each request's own."""
+    from localradix.runner import attention_torch
+
+    groups: list[int] = []
+    cascade = attention_torch._cascade
+
+    def spy(plan, *args):
+        groups.append(len(plan.shared))
+        return cascade(plan, *args)
+
+    monkeypatch.setattr(attention_torch, "_cascade", spy)
+    world = _World(num_slots=512, contiguous=contiguous)
+    world.step({"a": 70, "x": 80})
+    world.fork("b", "a", 70)
+    world.fork("c", "a", 66)
+    world.fork("d", "x", 75)
+    world.fork("e", "x", 10)  # shares too little to be worth a group of its own
+    world.step({"b": 3, "c": 5, "d": 2, "e": 4})
+    assert groups == []  # extends never cascade
+    for _ in range(3):
+        world.step({"a": 1, "b": 1, "c": 1, "x": 1, "d": 1, "e": 1})
+    assert groups == [2, 2, 2]  # {a, b, c} on 66 slots, {x, d} on 75; e attends alone
 
 
 def test_contiguous_single_decode_uses_a_view_and_is_correct():

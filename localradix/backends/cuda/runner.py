@@ -13,10 +13,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import torch
 
-from localradix.runner.attention import get_attention_backend
 from localradix.runner.cuda_graphs import DecodeGraphs, GraphApi, graph_batch_sizes
 from localradix.runner.torch_runner import TorchRunner
 from localradix.sched.batch import ForwardBatch
@@ -43,21 +41,6 @@ def choose_attention(requested: str, dtype: str, flashinfer_ok: bool) -> tuple[s
     return "flashinfer", "FlashInfer paged attention"
 
 
-def kv_tokens_from_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:
-    """KV slots that `fraction` of `free_bytes` holds (at least 1024)."""
-    return max(int(free_bytes * fraction) // bytes_per_token, 1024)
-
-
-def free_device_memory(device: torch.device | str) -> int:
-    """Free bytes on `device` (host RAM available for the CPU)."""
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        return int(psutil.virtual_memory().available)
-    api: Any = getattr(torch, dev.type)  # torch.cuda (also ROCm), torch.npu with torch_npu
-    free, _ = api.mem_get_info(dev)
-    return int(free)
-
-
 def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
     attention, why = choose_attention(target.attention_backend, target.dtype, has_flashinfer)
@@ -80,7 +63,7 @@ def create_device_runner(
 
 
 class DeviceRunner(TorchRunner):
-    """`TorchRunner` plus page-size-aware attention, decode graphs and device-memory sizing."""
+    """`TorchRunner` plus CUDA-graph replay of decode steps."""
 
     def __init__(
         self,
@@ -94,27 +77,7 @@ class DeviceRunner(TorchRunner):
         graphs: bool = True,
         graph_api: GraphApi | None = None,
     ) -> None:
-        self.model, self.config, self.device, self.dtype = model, config, device, dtype
-        self.page_size = args.page_size
-        backend_cls = get_attention_backend(attention)
-        per_token = backend_cls.kv_bytes_per_token(
-            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype
-        )
-        self.kv_capacity = args.max_total_tokens or kv_tokens_from_memory(
-            free_device_memory(device), args.mem_fraction, per_token
-        )
-        self.attn = backend_cls.from_model_config(
-            config, self.kv_capacity, dtype, device, page_size=self.page_size
-        )
-        logger.info(
-            "KV cache: %d tokens (%.1f MiB, page size %d) on %s, %s, %s attention",
-            self.kv_capacity,
-            self.kv_capacity * per_token / 2**20,
-            self.page_size,
-            device,
-            str(dtype).removeprefix("torch."),
-            attention,
-        )
+        super().__init__(model, config, args, device, dtype, attention)
         self.graphs: DecodeGraphs | None = None
         if graphs and hasattr(self.attn, "graph_state"):
             self.graphs = self._capture_graphs(args, graph_api)
