@@ -234,22 +234,26 @@ def _as_slice(slots: np.ndarray) -> slice | None:
     return None
 
 
+Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)
+
+
 def _partial(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Partial:
     """Unnormalized attention of q [..., G, D] over keys/values [..., L, D]: (max, sum, out).
 
     out is exp(scores - max) @ values, so two partials over disjoint keys merge exactly.
     """
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [..., G, L]
+    # In-place where possible: on CPUs a fresh exp() output costs several times the math.
+    scores = torch.matmul(q * scale, keys.transpose(-1, -2)).float()  # [..., G, L]
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores.masked_fill_(~mask, float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)
-    weights = torch.exp(scores - top)
+    weights = scores.sub_(top).exp_()
     return top, weights.sum(dim=-1, keepdim=True), torch.matmul(weights.to(values.dtype), values)
 
 
@@ -276,9 +280,14 @@ def _cascade(
             t.float().reshape(kv_heads, len(rows), -1, t.shape[-1]).permute(1, 0, 2, 3)
             for t in parts
         )
-        new_top = torch.maximum(top[rows], s_top)
-        own, other = torch.exp(top[rows] - new_top), torch.exp(s_top - new_top)
-        total[rows] = total[rows] * own + s_total * other
-        out[rows] = out[rows] * own + s_out * other
-        top[rows] = new_top
+        top[rows], total[rows], out[rows] = _merge(
+            (top[rows], total[rows], out[rows]), (s_top, s_total, s_out)
+        )
     return (out / total).to(q.dtype).reshape(batch, num_heads, head_dim)
+
+
+def _merge(a: Partial, b: Partial) -> Partial:
+    """Two partials of the same queries over disjoint keys, as one."""
+    top = torch.maximum(a[0], b[0])
+    wa, wb = torch.exp(a[0] - top), torch.exp(b[0] - top)
+    return top, a[1] * wa + b[1] * wb, a[2].float() * wa + b[2].float() * wb
