@@ -10,6 +10,7 @@ models on CPU.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -119,9 +120,10 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rotary.lookup(positions)
-        residual = None
+        residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, cos, sin, attn)
+        assert residual is not None  # a model has at least one layer
         return F.rms_norm(x + residual, (self.config.hidden_size,), self.norm, self.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -147,4 +149,4 @@ class DecoderForCausalLM(nn.Module):
             torch.set_num_threads(threads)
         loader.check_complete()
         for layer in self.layers:
-            layer.finalize()
+            cast(DecoderLayer, layer).finalize()

@@ -7,12 +7,12 @@ q/k/v projections land in row slices of one `qkv_weight` (and `qkv_bias`), gate/
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 if TYPE_CHECKING:
-    from localradix.models.decoder import DecoderForCausalLM
+    from localradix.models.decoder import DecoderForCausalLM, DecoderLayer
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -65,7 +65,9 @@ class WeightLoader:
             "lm_head.weight": m.lm_head,
         }
         if name in top:
-            return top[name]
+            target = top[name]
+            assert target is not None  # load() skips lm_head.weight when embeddings are tied
+            return target
         match = _LAYER.fullmatch(name)
         if match is None or int(match.group(1)) >= len(m.layers):
             raise ValueError(f"unexpected weight {name!r}")
@@ -86,7 +88,7 @@ _LAYER_NAMES = (
 
 
 def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -> torch.Tensor:
-    layer = model.layers[index]
+    layer = cast("DecoderLayer", model.layers[index])
     c = model.config
     qkv_rows = {
         "q": (0, c.q_size),
@@ -101,8 +103,9 @@ def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -
         "self_attn.k_norm.weight": layer.k_norm,
         "mlp.down_proj.weight": layer.down_weight,
     }
-    if direct.get(rest) is not None:
-        return direct[rest]
+    target = direct.get(rest)
+    if target is not None:
+        return target
     size = c.intermediate_size
     if rest == "mlp.gate_proj.weight":
         return layer.gate_up_weight[:size]

@@ -80,7 +80,7 @@ class TorchNativeAttention(AttentionBackend):
         is_decode = batch.extend_lens == 1
         decode_reqs = np.flatnonzero(is_decode)
         self._decodes = self._plan_decodes(batch, decode_reqs) if len(decode_reqs) else []
-        self._extends = [self._plan_extend(batch, i) for i in np.flatnonzero(~is_decode)]
+        self._extends = [self._plan_extend(batch, int(i)) for i in np.flatnonzero(~is_decode)]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float

@@ -390,7 +390,7 @@ def create_app(
 
     def on_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
         response = handle_exception(request, exc)
-        server.metrics.record_error(response.status_code)
+        server.metrics.record_error(response.status_code or 500)
         return response
 
     app = Litestar(

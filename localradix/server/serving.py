@@ -370,7 +370,7 @@ class Gathered:
         self.job = job
         count = len(job.choices)
         self.text = [""] * count
-        self.finish = [None] * count
+        self.finish: list[str | None] = [None] * count
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(count)]
 
     async def run(self) -> Gathered:

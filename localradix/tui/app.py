@@ -229,8 +229,10 @@ class LocalRadixApp(App):
             return
         self._rendered_at = time.monotonic()
         view = self.view()
-        for widget in (*self.panels, *self.tables):
-            widget.show(view)
+        for panel in self.panels:
+            panel.show(view)
+        for table in self.tables:
+            table.show(view)
 
     def sample_system(self) -> None:
         try:

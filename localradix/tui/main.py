@@ -114,7 +114,7 @@ def start_server(ns: argparse.Namespace) -> ServerHandle:
     from localradix.bench.launch import ServerProcess, free_port
     from localradix.config import ServerArgs
 
-    default_port = next(f.default for f in dataclasses.fields(ServerArgs) if f.name == "port")
+    default_port = ServerArgs().port
     port = getattr(ns, "port", default_port)
     port = free_port() if port == default_port else port
     process = ServerProcess(serve_argv(ns, port), port)
