@@ -4,7 +4,8 @@ Model code calls `attn.forward(q, k, v, layer_id, scale)` and never sees slots o
 runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
 device tensors; every layer then reuses them. Backends are listed in `ATTENTION_BACKENDS` as
 "module:Class" strings and imported only when chosen, so optional kernel libraries
-(FlashInfer, MLX) load only where they are used. This module itself imports no torch.
+(FlashInfer, MLX) load only where they are used. This module itself imports no torch (numpy
+only: the shared-prefix grouping below serves the torch and MLX backends alike).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +26,39 @@ ATTENTION_BACKENDS: dict[str, str] = {
     "flashinfer": "localradix.runner.attention_flashinfer:FlashInferAttention",
     "npu_fused": "localradix.backends.npu.attention:NpuFusedAttention",
 }
+
+
+def shared_prefix_groups(
+    kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray, minimum: int
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Decode requests (slot tables `kv_indices[starts[i] : starts[i] + lens[i]]`) that share
+    at least `minimum` leading slots: (slots each leaves to its group, [(rows, prefix slots)]).
+
+    A slot holds one token of one sequence, so two requests with the same slot at position p
+    share every slot before it: grouping by the slot at `minimum - 1` is exact. Each request
+    keeps at least its newest slot for itself.
+    """
+    skip = np.zeros(len(starts), dtype=np.int64)
+    groups: list[tuple[np.ndarray, np.ndarray]] = []
+    long_enough = np.flatnonzero(lens > minimum)
+    marks = kv_indices[starts[long_enough] + minimum - 1]
+    _, group_of, sizes = np.unique(marks, return_inverse=True, return_counts=True)
+    for g in np.flatnonzero(sizes >= 2):
+        rows = long_enough[group_of == g]
+        span = int(lens[rows].min()) - 1
+        tables = kv_indices[starts[rows, None] + np.arange(span)]
+        same = np.all(tables == tables[0], axis=0)
+        common = span if same.all() else int(np.argmin(same))
+        skip[rows] = common
+        groups.append((rows, tables[0, :common]))
+    return skip, groups
+
+
+def contiguous_run(slots: np.ndarray) -> slice | None:
+    """The slots as a slice when they are one ascending run (a view, no gather), else None."""
+    if len(slots) and np.all(np.diff(slots) == 1):
+        return slice(int(slots[0]), int(slots[-1]) + 1)
+    return None
 
 
 def get_attention_backend(name: str) -> type[AttentionBackend]:

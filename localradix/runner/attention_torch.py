@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localradix.runner.attention import AttentionBackend
+from localradix.runner.attention import AttentionBackend, contiguous_run, shared_prefix_groups
 from localradix.sched.batch import ForwardBatch
 
 # A decode group shares its prefix only from this many tokens: below it, gathering per request
@@ -176,7 +176,7 @@ class TorchNativeAttention(AttentionBackend):
         lens = batch.seq_lens[reqs]
         starts = batch.kv_indptr[reqs]
         if len(reqs) == 1:
-            run = _as_slice(batch.kv_indices[starts[0] : starts[0] + lens[0]])
+            run = contiguous_run(batch.kv_indices[starts[0] : starts[0] + lens[0]])
             if run is not None:
                 return _DecodePlan(token_index, run, None)
         skip, shared = self._shared_prefixes(batch.kv_indices, starts, lens)
@@ -192,29 +192,13 @@ class TorchNativeAttention(AttentionBackend):
     def _shared_prefixes(
         self, kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray
     ) -> tuple[np.ndarray, tuple[_SharedPrefix, ...]]:
-        """Groups of requests sharing at least MIN_SHARED_PREFIX leading slots, and how many
-        leading slots each request leaves to its group.
-
-        A slot holds one token of one sequence, so two requests with the same slot at position
-        p share every slot before it: grouping by the slot at MIN_SHARED_PREFIX - 1 is exact.
-        """
-        skip = np.zeros(len(starts), dtype=np.int64)
-        groups: list[_SharedPrefix] = []
-        long_enough = np.flatnonzero(lens > MIN_SHARED_PREFIX)  # each keeps its newest slot
-        marks = kv_indices[starts[long_enough] + MIN_SHARED_PREFIX - 1]
-        _, group_of, sizes = np.unique(marks, return_inverse=True, return_counts=True)
-        for g in np.flatnonzero(sizes >= 2):
-            rows = long_enough[group_of == g]
-            span = int(lens[rows].min()) - 1
-            tables = kv_indices[starts[rows, None] + np.arange(span)]
-            same = np.all(tables == tables[0], axis=0)
-            common = span if same.all() else int(np.argmin(same))
-            prefix = tables[0, :common]
-            skip[rows] = common
-            run = _as_slice(prefix)
+        skip, groups = shared_prefix_groups(kv_indices, starts, lens, MIN_SHARED_PREFIX)
+        shared = []
+        for rows, prefix in groups:
+            run = contiguous_run(prefix)
             slots = run if run is not None else self._tensor(prefix)
-            groups.append(_SharedPrefix(self._tensor(rows), slots))
-        return skip, tuple(groups)
+            shared.append(_SharedPrefix(self._tensor(rows), slots))
+        return skip, tuple(shared)
 
     def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
         start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
@@ -225,13 +209,6 @@ class TorchNativeAttention(AttentionBackend):
         seq = len(kv)
         causal = np.arange(seq)[None, :] <= prefix + np.arange(end - start)[:, None]
         return _ExtendPlan(start, end, self._tensor(kv), self._tensor(causal))
-
-
-def _as_slice(slots: np.ndarray) -> slice | None:
-    """The slots as a slice when they are one contiguous ascending run, else None."""
-    if len(slots) and np.all(np.diff(slots) == 1):
-        return slice(int(slots[0]), int(slots[-1]) + 1)
-    return None
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)

@@ -40,27 +40,6 @@ def test_alone_batched_and_cached_match_transformers(tiny_model, arch):
         engine.check_invariants(idle=True)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_decode_over_a_shared_prefix_matches(tiny_model, arch, monkeypatch):
-    """Requests on one cached system prompt decode with cascade attention (the prompt's KV
-    read once per step for all of them), token for token like transformers."""
-    from localradix.runner import attention_torch
-
-    cascades = []
-    real = attention_torch._cascade
-    monkeypatch.setattr(attention_torch, "_cascade", lambda *a: cascades.append(1) or real(*a))
-    folder, hf = tiny_model(arch)
-    system = _prompts(8, lengths=(150,))[0]
-    prompts = [system + tail for tail in _prompts(9, lengths=(3, 9, 1, 20))]
-    prompts.append(_prompts(10, lengths=(30,))[0])  # one that shares nothing
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), dtype="float32", max_total_tokens=4096) as engine:
-        engine.generate([system], SamplingParams(temperature=0, max_new_tokens=1))
-        assert _tokens(engine.generate(prompts, GREEDY)) == refs
-        engine.check_invariants(idle=True)
-    assert len(cascades) >= 2 * (NEW - 1)  # every layer of every decode step
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_matches(tiny_model, arch):
     folder, hf = tiny_model(arch)

@@ -5,6 +5,7 @@ slots (slot 0 is the padding dummy), so radix matches, eviction and retraction w
 on torch. Per layer: the new tokens' K/V are scattered to `out_slots`; all decode requests run
 as one batched SDPA over K/V gathered into a padded [B, L] slot table; each extend request runs
 its own SDPA with a causal mask shifted by its cached prefix (plain "causal" without a prefix).
+Decode requests on a shared cached prefix attend to it once per group (cascade), as on torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from localradix.runner.attention import contiguous_run, shared_prefix_groups
 from localradix.sched.batch import ForwardBatch
+
+MIN_SHARED_PREFIX = 64  # shortest prefix a decode group attends to once (see attention_torch)
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,9 @@ class _DecodePlan:
     row_index: mx.array | None  # the same as an MLX array; None = every row of q
     slots: mx.array | slice  # [B, L] padded slot table, or a slice for one contiguous request
     mask: mx.array | None  # bool [B, 1, 1, L]: True = attend; None = no padding
+    # (rows of the plan, the prefix's slots) per group sharing a cached prefix; `slots`/`mask`
+    # then cover each request's slots after its group's prefix.
+    shared: tuple[tuple[mx.array, mx.array | slice], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,11 @@ class _ExtendPlan:
 
 def _ints(array: np.ndarray) -> mx.array:
     return mx.array(np.ascontiguousarray(array, dtype=np.int32))
+
+
+def _slots(slots: np.ndarray) -> mx.array | slice:
+    run = contiguous_run(slots)
+    return run if run is not None else _ints(slots)
 
 
 class MLXPagedAttention:
@@ -92,6 +104,8 @@ class MLXPagedAttention:
         plan = self._decode
         assert plan is not None
         batch = q.shape[0]
+        if plan.shared:
+            return _cascade(plan, q, k_cache, v_cache, scale)
         if isinstance(plan.slots, slice):  # one request on contiguous slots
             keys, values = k_cache[plan.slots][None], v_cache[plan.slots][None]
         else:
@@ -129,16 +143,19 @@ class MLXPagedAttention:
         lens = batch.seq_lens[reqs]
         starts = batch.kv_indptr[reqs]
         if len(reqs) == 1:
-            own = batch.kv_indices[starts[0] : starts[0] + lens[0]]
-            if np.all(np.diff(own) == 1):
-                return _DecodePlan(rows, row_index, slice(int(own[0]), int(own[-1]) + 1), None)
+            run = contiguous_run(batch.kv_indices[starts[0] : starts[0] + lens[0]])
+            if run is not None:
+                return _DecodePlan(rows, row_index, run, None)
+        skip, groups = shared_prefix_groups(batch.kv_indices, starts, lens, MIN_SHARED_PREFIX)
+        starts, lens = starts + skip, lens - skip
+        shared = tuple((_ints(g_rows), _slots(prefix)) for g_rows, prefix in groups)
         width = int(lens.max())
         cols = np.arange(width, dtype=np.int64)
         valid = cols[None, :] < lens[:, None]
         flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
         slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
         mask = None if bool(valid.all()) else mx.array(valid[:, None, None, :])
-        return _DecodePlan(rows, row_index, _ints(slots), mask)
+        return _DecodePlan(rows, row_index, _ints(slots), mask, shared)
 
     def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
         start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
@@ -157,3 +174,43 @@ class MLXPagedAttention:
         if np.array_equal(produced, np.arange(num_tokens)):
             return None
         return _ints(np.argsort(produced, kind="stable"))
+
+
+def _partial(
+    q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | None = None
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Unnormalized attention of q [..., G, D] over keys/values [..., L, D]: (max, sum, out)."""
+    scores = ((q * scale) @ keys.swapaxes(-1, -2)).astype(mx.float32)  # [..., G, L]
+    if mask is not None:
+        scores = mx.where(mask, scores, -mx.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    weights = mx.exp(scores - top)
+    out = (weights.astype(values.dtype) @ values).astype(mx.float32)
+    return top, weights.sum(axis=-1, keepdims=True), out
+
+
+def _cascade(
+    plan: _DecodePlan, q: mx.array, k_cache: mx.array, v_cache: mx.array, scale: float
+) -> mx.array:
+    """Decode attention with shared prefixes: q [B, Hq, D] -> [B, Hq * D] (as on torch)."""
+    batch, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    grouped = q.reshape(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
+    keys = k_cache[plan.slots].transpose(0, 2, 1, 3)  # [B, Hkv, W, D]: each request's own part
+    values = v_cache[plan.slots].transpose(0, 2, 1, 3)
+    top, total, out = _partial(grouped, keys, values, scale, plan.mask)
+    for rows, slots in plan.shared:
+        size = rows.shape[0]
+        stacked = grouped[rows].transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+        parts = _partial(
+            stacked, k_cache[slots].transpose(1, 0, 2), v_cache[slots].transpose(1, 0, 2), scale
+        )
+        s_top, s_total, s_out = (
+            t.reshape(kv_heads, size, -1, t.shape[-1]).transpose(1, 0, 2, 3) for t in parts
+        )
+        new_top = mx.maximum(top[rows], s_top)
+        own, other = mx.exp(top[rows] - new_top), mx.exp(s_top - new_top)
+        total[rows] = total[rows] * own + s_total * other
+        out[rows] = out[rows] * own + s_out * other
+        top[rows] = new_top
+    return (out / total).astype(q.dtype).reshape(batch, -1)
