@@ -18,15 +18,22 @@ if TYPE_CHECKING:
     from localradix.platform import Target
 
 
-def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
-    """Load the torch model on `target.device` and wrap it in the reference `TorchRunner`."""
+def load_torch_model(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, ...]:
+    """(model, config, torch dtype): the model loaded on `target.device` in its dtype."""
     from localradix.loader import load_model, resolve_dtype
-    from localradix.runner.torch_runner import TorchRunner
 
     dtype = resolve_dtype(target.dtype, target.device)
     model, config = load_model(
         source, dtype=dtype, device=target.device, max_positions=args.context_length
     )
+    return model, config, dtype
+
+
+def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+    """Load the torch model on `target.device` and wrap it in the reference `TorchRunner`."""
+    from localradix.runner.torch_runner import TorchRunner
+
+    model, config, dtype = load_torch_model(args, source, target)
     runner = TorchRunner(model, config, args, target.device, dtype, target.attention_backend)
     return runner, config
 

@@ -51,12 +51,9 @@ def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) ->
 def create_device_runner(
     args: ServerArgs, source: ModelSource, target: Target, attention: str
 ) -> tuple[DeviceRunner, Any]:
-    from localradix.loader import load_model, resolve_dtype
+    from localradix.backends.torch_device import load_torch_model
 
-    dtype = resolve_dtype(target.dtype, target.device)
-    model, config = load_model(
-        source, dtype=dtype, device=target.device, max_positions=args.context_length
-    )
+    model, config, dtype = load_torch_model(args, source, target)
     graphs = os.environ.get(DISABLE_GRAPHS_ENV, "") not in ("1", "true")
     runner = DeviceRunner(model, config, args, target.device, dtype, attention, graphs=graphs)
     return runner, config
