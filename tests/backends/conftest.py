@@ -6,8 +6,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 
 def _engine_helpers():
     """tests/engine/conftest.py, loaded by path (works with any pytest import mode)."""
@@ -27,16 +25,10 @@ VOCAB: int = _helpers.VOCAB
 tiny_model = _helpers.tiny_model
 hf_greedy = _helpers.hf_greedy
 bundled_gguf = _helpers.bundled_gguf
+random_prompts = _helpers.random_prompts
+token_lists = _helpers.token_lists
 
 
-def _has_mlx() -> bool:
-    try:
-        import mlx.core  # noqa: F401
-    except Exception:  # missing, or a broken binary
-        return False
-    return True
-
-
-HAS_MLX = _has_mlx()
-requires_mlx = pytest.mark.skipif(not HAS_MLX, reason="mlx is not installed (pip install mlx[cpu])")
-BACKENDS = ["cpu", pytest.param("mlx", marks=requires_mlx)]
+HAS_MLX: bool = _helpers.HAS_MLX
+requires_mlx = _helpers.requires_mlx
+BACKENDS = _helpers.BACKENDS

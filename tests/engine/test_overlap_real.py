@@ -10,31 +10,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from localradix import Engine, SamplingParams
 from localradix.runner.overlap import OverlapRunner
 from localradix.sampling_params import Constraint
 
-from .conftest import VOCAB, bundled_gguf, hf_greedy
+from .conftest import bundled_gguf, hf_greedy, random_prompts, token_lists
 
 NEW = 12
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
 
 
-def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB, n).tolist() for n in lengths]
-
-
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
-
-
 def test_overlap_matches_transformers(tiny_model):
     folder, hf = tiny_model("llama")
-    prompts = _prompts(11, (5, 17, 40, 64, 3))
+    prompts = random_prompts(11, (5, 17, 40, 64, 3))
     prompts += [prompts[3] + [7, 8, 9]]
     refs = [hf_greedy(hf, p, NEW) for p in prompts]
     with Engine(
@@ -45,9 +35,9 @@ def test_overlap_matches_transformers(tiny_model):
         overlap_schedule="on",
     ) as engine:
         assert isinstance(engine.core.runner, OverlapRunner)
-        assert _tokens(engine.generate(prompts, GREEDY)) == refs
+        assert token_lists(engine.generate(prompts, GREEDY)) == refs
         again = engine.generate(prompts, GREEDY)  # every prompt cached now
-        assert _tokens(again) == refs
+        assert token_lists(again) == refs
         assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts))
         engine.check_invariants(idle=True)
 
@@ -67,7 +57,7 @@ def _summary(results) -> list[tuple]:
 
 def test_overlap_gives_the_plain_schedulers_outputs(tiny_model):
     folder, hf = tiny_model("llama")
-    prompt = _prompts(13, (30,))[0]
+    prompt = random_prompts(13, (30,))[0]
     ref = hf_greedy(hf, prompt, 16)
     params = [
         SamplingParams(temperature=1.0, seed=5, max_new_tokens=16, ignore_eos=True),
