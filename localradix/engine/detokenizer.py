@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from localradix.held_text import held_suffix_len
+
 REPLACEMENT_CHAR = "\ufffd"
 MAX_HELD_IDS = 4  # a UTF-8 character is at most 4 bytes, so at most 4 ids
 
@@ -101,7 +103,7 @@ class IncrementalDetokenizer:
                 self.stopped = True
                 pending = pending[:cut]
             elif not final:
-                pending = pending[: len(pending) - _held_back(pending, self.stop)]
+                pending = pending[: len(pending) - held_suffix_len(pending, self.stop)]
         self.emitted += len(pending)
         return pending
 
@@ -110,14 +112,3 @@ def _first_stop(text: str, stop: Sequence[str]) -> int | None:
     """Index where the earliest stop string starts in `text`, if any."""
     hits = [i for i in (text.find(s) for s in stop) if i >= 0]
     return min(hits) if hits else None
-
-
-def _held_back(text: str, stop: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-    longest = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:k]):
-                longest = k
-                break
-    return longest

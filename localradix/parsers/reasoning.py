@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from localradix.held_text import held_suffix_len
+
 WHITESPACE = " \t\n\r"
 
 
@@ -125,7 +127,7 @@ class ReasoningStreamParser:
             self._buf = buf[index + len(self._end) :]
             self._state = "after"
             return True
-        keep = 0 if final else _partial_len(buf, self._end)
+        keep = 0 if final else held_suffix_len(buf, (self._end,))
         self._emit(buf[: len(buf) - keep], reasoning)
         self._buf = buf[len(buf) - keep :]
         return False
@@ -136,13 +138,6 @@ class ReasoningStreamParser:
         if body:
             reasoning.append(body)
         self._held_ws = full[len(body) :]
-
-
-def _partial_len(buf: str, tag: str) -> int:
-    for k in range(min(len(tag) - 1, len(buf)), 0, -1):
-        if buf.endswith(tag[:k]):
-            return k
-    return 0
 
 
 REASONING_PARSERS: dict[str, ReasoningDialect] = {

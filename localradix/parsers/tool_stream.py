@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from localradix.held_text import held_suffix_len
 from localradix.parsers.call_object import CallObject
 from localradix.parsers.events import (
     ContentDelta,
@@ -188,7 +189,7 @@ class ToolCallStreamParser:
             self._buf = buf[index + len(marker) :]
             self._region = Region(marker=marker, raw=marker, call_start=len(marker))
             return True
-        keep = 0 if final else _partial_marker_len(buf, self.markers)
+        keep = 0 if final else held_suffix_len(buf, self.markers)
         if keep == len(buf):
             return False
         self._emit_content(buf[: len(buf) - keep])
@@ -344,17 +345,6 @@ def _find_marker(buf: str, markers: tuple[str, ...]) -> tuple[int, str]:
         if index != -1 and (index < best or (index == best and len(marker) > len(found))):
             best, found = index, marker
     return best, found
-
-
-def _partial_marker_len(buf: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `buf` that is a proper prefix of a marker."""
-    longest = 0
-    for marker in markers:
-        for k in range(min(len(marker) - 1, len(buf)), longest, -1):
-            if buf.endswith(marker[:k]):
-                longest = k
-                break
-    return longest
 
 
 def _assemble(items: list[_Item]) -> ParsedToolCalls:
