@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from localradix.runner.attention import AttentionBackend
+from localradix.runner.torch_runner import device_event
 from localradix.sched.batch import ForwardBatch
 
 NHD = "NHD"
@@ -209,16 +210,6 @@ class FlashInferAttention(AttentionBackend):
         self._plan(state.wrapper, *table, *heads, **self._decode_kw)
         state.out_slots.copy_(torch.from_numpy(batch.out_slots), non_blocking=True)
         self._active, self._out_slots = state.wrapper, state.out_slots
-
-
-def device_event(device: torch.device | str) -> Any:
-    """An event recorded on the device's current stream (None on the CPU: nothing is queued)."""
-    kind = torch.device(device).type
-    if kind == "cpu":
-        return None
-    event = getattr(torch, kind).Event()
-    event.record()
-    return event
 
 
 def _host(array: np.ndarray) -> torch.Tensor:

@@ -267,4 +267,4 @@ def _merge(a: Partial, b: Partial) -> Partial:
     """Two partials of the same queries over disjoint keys, as one."""
     top = torch.maximum(a[0], b[0])
     wa, wb = torch.exp(a[0] - top), torch.exp(b[0] - top)
-    return top, a[1] * wa + b[1] * wb, a[2].float() * wa + b[2].float() * wb
+    return top, a[1] * wa + b[1] * wb, a[2] * wa + b[2] * wb

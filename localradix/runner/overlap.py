@@ -23,6 +23,7 @@ import torch
 
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
 from localradix.runner.sampler import DeviceSample, sample_on_device
+from localradix.runner.torch_runner import device_event
 from localradix.sched.batch import ForwardBatch
 
 
@@ -82,11 +83,7 @@ class HostCopies:
         return out.copy_(t, non_blocking=True)
 
     def event(self) -> Any:
-        if self.api is None:
-            return _DoneEvent()
-        event = self.api.Event()
-        event.record()
-        return event
+        return device_event(self.type) or _DoneEvent()
 
 
 class _DoneEvent:

@@ -37,6 +37,16 @@ def free_device_memory(device: torch.device | str) -> int:
     return int(free)
 
 
+def device_event(device: torch.device | str) -> Any:
+    """An event recorded on the device's current stream (None on the CPU: nothing is queued)."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return None
+    event = getattr(torch, kind).Event()
+    event.record()
+    return event
+
+
 class TorchRunner(ModelRunner):
     def __init__(
         self,
