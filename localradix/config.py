@@ -33,9 +33,16 @@ class ServerArgs:
     served_model_name: str | None = _opt("model id reported by the API", default=None)
     context_length: int | None = _opt("override the model's context length", default=None)
     # Hardware
-    backend: str = _opt("runner backend: auto, cpu, cuda, rocm, mlx, npu", default="auto")
+    backend: str = _opt("runner backend: auto, cpu, cuda, rocm, mlx, npu, llamacpp", default="auto")
     device: str | None = _opt("torch device string (default: the backend's own)", default=None)
-    dtype: str = _opt("weight and activation dtype", default="auto", choices=DTYPES)
+    dtype: str = _opt(
+        "weight and activation dtype (llamacpp: the KV cache's; weights stay as stored)",
+        default="auto",
+        choices=DTYPES,
+    )
+    threads: int | None = _opt(
+        "CPU threads for the llamacpp backend (default: the physical core count)", default=None
+    )
     # Memory
     max_total_tokens: int | None = _opt(
         "KV pool size in tokens (default: from free memory x --mem-fraction)", default=None

@@ -36,6 +36,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "cuda": "localradix.backends.cuda:SPEC",
     "rocm": "localradix.backends.rocm:SPEC",
     "npu": "localradix.backends.npu:SPEC",
+    "llamacpp": "localradix.backends.llamacpp:SPEC",
     "mlx": "localradix.backends.mlx:SPEC",
     "cpu": "localradix.backends.cpu:SPEC",
 }
@@ -89,6 +90,7 @@ class BackendSpec:
     attention_backend: str = "torch_native"
     supports_graphs: bool = False
     page_sizes: tuple[int, ...] = ()  # supported KV page sizes; () = any
+    formats: tuple[str, ...] = ("gguf", "hf")  # model formats it loads (`ModelSource.kind`)
 
     def missing_requirements(self) -> list[str]:
         return [m for m in self.requires if not _module_exists(m)]
@@ -218,12 +220,15 @@ def _entry_points() -> Iterable[Any]:
 # ---- choosing ------------------------------------------------------------------------------
 
 
-def choose_backend(requested: str = AUTO, device: str | None = None) -> Choice:
+def choose_backend(
+    requested: str = AUTO, device: str | None = None, model_format: str | None = None
+) -> Choice:
     """The backend for `--backend requested` (and `--device`), with the detection report.
 
     auto: every backend is probed and the available one with the highest priority wins (only
-    those matching `device`'s type when a device is given). A name: only that backend is
-    probed (so `--backend mlx` imports no torch); an unavailable one raises BackendError.
+    those matching `device`'s type when a device is given, and those that load `model_format`
+    when it is given). A name: only that backend is probed (so `--backend mlx` imports no
+    torch); an unavailable one raises BackendError.
     """
     records = discover_backends()
     specs = {r.name: r.spec for r in records if r.spec is not None}
@@ -236,20 +241,25 @@ def choose_backend(requested: str = AUTO, device: str | None = None) -> Choice:
     ordered = sorted(specs.values(), key=lambda s: -s.priority)
     if requested != AUTO:
         return _choose_named(requested, specs, ordered, broken, origins)
-    report = [
-        _status(s, s.probe(explicit=False), origins[s.name])
-        if _matches_device(s, device)
-        else BackendStatus(
-            s.name, False, f"--device {device} selects another backend", s.priority, origins[s.name]
-        )
-        for s in ordered
-    ]
+    report = [_auto_status(s, device, model_format, origins[s.name]) for s in ordered]
     for spec, status in zip(ordered, report, strict=True):
         if status.available:
             assert status.availability is not None
             return Choice(spec, status.availability, tuple(report + broken))
     lines = "; ".join(f"{s.name}: {s.reason}" for s in report + broken)
     raise BackendError(f"no backend is available on this machine ({lines})")
+
+
+def _auto_status(
+    spec: BackendSpec, device: str | None, model_format: str | None, origin: str
+) -> BackendStatus:
+    if not _matches_device(spec, device):
+        reason = f"--device {device} selects another backend"
+        return BackendStatus(spec.name, False, reason, spec.priority, origin)
+    if model_format is not None and model_format not in spec.formats:
+        reason = f"cannot load {model_format} models (loads {', '.join(spec.formats)})"
+        return BackendStatus(spec.name, False, reason, spec.priority, origin)
+    return _status(spec, spec.probe(explicit=False), origin)
 
 
 def _choose_named(
@@ -329,7 +339,7 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
 
 def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:
     """Choose the backend for `args`, resolve device and dtype, load the model, build the runner."""
-    choice = choose_backend(args.backend, args.device)
+    choice = choose_backend(args.backend, args.device, source.kind)
     target = resolve_target(choice, args)
     logger.info(
         "Backend %s (%s), device %s, dtype %s",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 Evictor = Callable[[int], int]  # evict(n_tokens) -> tokens freed back to this pool
+FreeListener = Callable[[np.ndarray], None]  # told the slots of every free, as they are freed
 
 
 class SlotError(ValueError):
@@ -42,6 +43,7 @@ class KVPool:
         self._is_free[0] = False
         self._evict: Evictor | None = None
         self._evictable: Callable[[], int] | None = None
+        self._listeners: list[FreeListener] = []
 
     @property
     def total(self) -> int:
@@ -61,6 +63,11 @@ class KVPool:
     def set_evictor(self, evict: Evictor, evictable: Callable[[], int] | None = None) -> None:
         """Register the cache's `evict`; with `evictable`, hopeless allocations evict nothing."""
         self._evict, self._evictable = evict, evictable
+
+    def add_free_listener(self, listener: FreeListener) -> None:
+        """Call `listener(slots)` on every free: a runner whose KV is not addressed by slot
+        (llama.cpp's tagged cells) releases the matching cells at the same moment."""
+        self._listeners.append(listener)
 
     def can_alloc(self, n: int) -> bool:
         """Whether `alloc(n)` would succeed, counting what the evictor says it could free."""
@@ -106,6 +113,8 @@ class KVPool:
         self._free[self._n_free : self._n_free + pages.size] = pages
         self._n_free += pages.size
         self._is_free[pages] = True
+        for listener in self._listeners:
+            listener(self.pages_to_slots(pages))
 
     def free_slots(self) -> np.ndarray:
         """A copy of every free slot (for invariant checks and debugging)."""

@@ -7,14 +7,17 @@ backend (torch on CPU/CUDA/ROCm/NPU, MLX) plugs in behind it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from localradix.sampling_params import SamplingParams
 from localradix.sched.batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from localradix.mem.kv_pool import KVPool
 
 
 @dataclass(frozen=True)
@@ -128,3 +131,17 @@ class ModelRunner(ABC):
     def launch(self, batch: ForwardBatch, sampling: SamplingBatch) -> LaunchedStep:
         """Start a step; `forward` to completion unless the runner overlaps."""
         return FinishedStep(self.forward(batch, sampling))
+
+    def bind_kv(self, pool: KVPool, evict: Callable[[int], int]) -> None:
+        """Called once by the scheduler with its slot pool and the radix cache's `evict`.
+
+        A no-op for runners whose KV tensors are indexed by slot. A runner whose KV lives
+        elsewhere (llama.cpp's cells, shared between sequences by tagging) listens to the
+        pool's frees to release the same KV at the same moment, and evicts cached prefixes
+        when it runs short of something the pool does not count (llama.cpp's sequence ids).
+        """
+        return None
+
+    def check_kv(self, pool: KVPool) -> None:
+        """Assert that the runner's own KV accounting agrees with `pool` (when idle)."""
+        return None

@@ -3,7 +3,9 @@
 Plain numpy arrays only, so any backend (torch, MLX, FlashInfer) can consume it. The layout is
 FlashInfer's ragged/paged one: request i owns new tokens `qo_indptr[i]:qo_indptr[i+1]` of the
 flat token arrays and KV slots `kv_indices[kv_indptr[i]:kv_indptr[i+1]]` (prefix + new tokens,
-in sequence order). Decode requests are simply extends of length 1.
+in sequence order). Decode requests are simply extends of length 1. `req_rows` names each
+request's row in the request table: a stable identity while it runs, for runners that keep
+per-request state (llama.cpp's sequence ids).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ForwardBatch:
     kv_indices: np.ndarray  # int64 [sum(seq_lens)]: each request's slots, prefix then new
     seq_lens: np.ndarray  # int64 [num_reqs]: total length after this step
     extend_lens: np.ndarray  # int64 [num_reqs]: new tokens this step (1 for decode)
+    req_rows: np.ndarray | None = None  # int64 [num_reqs]: request-table row of each request
 
     @property
     def num_reqs(self) -> int:
@@ -50,8 +53,10 @@ class ForwardBatch:
         input_ids: list[np.ndarray],
         slot_tables: list[np.ndarray],
         prefix_lens: list[int],
+        req_rows: list[int] | None = None,
     ) -> ForwardBatch:
-        """Assemble from per-request new tokens, full slot tables (prefix + new), prefix lengths."""
+        """Assemble from per-request new tokens, full slot tables (prefix + new), prefix lengths
+        and (optionally) each request's row in the request table."""
         extend = np.array([len(t) for t in input_ids], dtype=np.int64)
         seq = np.array([len(s) for s in slot_tables], dtype=np.int64)
         prefix = np.asarray(prefix_lens, dtype=np.int64)
@@ -67,6 +72,7 @@ class ForwardBatch:
             kv_indices=np.concatenate(slot_tables).astype(np.int64),
             seq_lens=seq,
             extend_lens=extend,
+            req_rows=None if req_rows is None else np.asarray(req_rows, dtype=np.int64),
         )
 
 

@@ -89,6 +89,7 @@ class Scheduler:
             eviction_policy=args.eviction_policy,
             disable=args.disable_radix_cache,
         )
+        runner.bind_kv(self.pool, self.cache.evict)
         self.waiting: list[Req] = []
         self.compiling: list[Req] = []  # waiting for their constraint's grammar
         self.running: list[Req] = []
@@ -210,6 +211,7 @@ class Scheduler:
     def check_invariants(self, idle: bool = False) -> None:
         owned = [self._owned_slots(r) for r in self._holders()]
         check_invariants(self.pool, self.cache, idle=idle, owned=owned)
+        self.runner.check_kv(self.pool)
 
     def _owned_slots(self, req: Req) -> np.ndarray:
         """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
@@ -460,7 +462,7 @@ class Scheduler:
                 self._log_decode()
 
     def _forward_batch(self, batch: list[Req]) -> ForwardBatch:
-        ids, tables, prefixes = [], [], []
+        ids, tables, prefixes, rows = [], [], [], []
         for req in batch:
             assert req.row is not None
             end = req.kv_len + req.extend_len
@@ -472,7 +474,8 @@ class Scheduler:
                 ids.append(np.array(req.output_ids[-1:], dtype=np.int64))
             tables.append(self.req_pool.table[req.row, :end])
             prefixes.append(req.kv_len)
-        return ForwardBatch.build(ids, tables, prefixes)
+            rows.append(req.row)
+        return ForwardBatch.build(ids, tables, prefixes, rows)
 
     def _uniforms(self, batch: list[Req]) -> np.ndarray:
         """One draw per request; a seeded request's draw depends only on (seed, token index)."""

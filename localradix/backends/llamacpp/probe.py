@@ -1,0 +1,20 @@
+"""llama.cpp: usable wherever llama-cpp-python imports; offloads to a GPU if its build can."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from localradix.platform import Availability
+
+
+def probe(explicit: bool) -> Availability:
+    import llama_cpp.llama_cpp as llama
+
+    version = metadata.version("llama-cpp-python")
+    if llama.llama_supports_gpu_offload():
+        return Availability(True, f"llama-cpp-python {version}, GPU offload", "gpu")
+    from localradix.backends.llamacpp.runner import default_threads
+
+    return Availability(
+        True, f"llama-cpp-python {version} on the CPU", "cpu", f"{default_threads()} threads"
+    )

@@ -1,0 +1,259 @@
+"""LlamaCppRunner: the ModelRunner on llama.cpp (llama-cpp-python's low-level API).
+
+llama.cpp runs the GGUF weights in their own quantization and computes logits; localradix's
+scheduler, radix cache and sampler decide what runs, what is cached and which token comes
+next, as on every other backend. One context with the unified KV cache holds every request:
+a cached prefix is shared by tagging its cells with the request's sequence id (`SeqMap`), and
+one `llama_decode` runs each step's mixed batch of prefill chunks and decodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psutil
+
+from localradix.backends.llamacpp.batch import LlamaBatch
+from localradix.backends.llamacpp.seq_map import SeqMap
+from localradix.models.config import ModelConfig
+from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.sched.batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from localradix.config import ServerArgs
+    from localradix.loader.source import ModelSource
+    from localradix.mem.kv_pool import KVPool
+    from localradix.platform import Target
+
+logger = logging.getLogger("localradix.runner")
+
+KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type of the K and V cache
+FLASH_ATTN_ENABLED = 1  # the CPU kernel skips other sequences' cells; the plain path does not
+DEFAULT_MAX_KV_TOKENS = 262_144
+UBATCH = 512  # llama.cpp's default physical batch
+
+
+def create_llamacpp_runner(
+    args: ServerArgs, source: ModelSource, target: Target
+) -> tuple[LlamaCppRunner, ModelConfig]:
+    if source.kind != "gguf":
+        raise ValueError(
+            f"the llamacpp backend runs GGUF files; {source.path} is a Hugging Face folder "
+            "(use --backend cpu, or convert it to GGUF)"
+        )
+    runner = LlamaCppRunner(source.path, args, target)
+    return runner, runner.config
+
+
+def default_threads() -> int:
+    """Physical cores: llama.cpp's matmuls gain nothing from hyper-threads."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+class LlamaCppRunner(ModelRunner):
+    def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
+        import llama_cpp.llama_cpp as llama
+
+        _quiet_llama(args.log_level)
+        self.llama = llama
+        llama.llama_backend_init()
+        self.model = _load_model(llama, path, gpu=target.device != "cpu")
+        self.config = _config(llama, self.model, args)
+        self.n_vocab = self.config.vocab_size
+        self.n_seq = int(llama.llama_max_parallel_sequences())
+        rows = args.max_running_requests + 2  # the scheduler's request-table rows
+        if 2 * rows > self.n_seq:
+            raise ValueError(
+                f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
+                f"{self.n_seq} sequences: use at most {self.n_seq // 2 - 2}"
+            )
+        self.kv_capacity = args.max_total_tokens or self._default_capacity(args)
+        self.threads = args.threads or default_threads()
+        max_batch = max(args.max_prefill_tokens, args.chunked_prefill_size, rows)
+        self.ctx = _new_context(llama, self.model, self._context_params(args, target, max_batch))
+        self.memory = llama.llama_get_memory(self.ctx)
+        self.batch = LlamaBatch(llama, max_batch)
+        self._logits = np.zeros((rows, self.n_vocab), dtype=np.float32)
+        max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
+        self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
+        logger.info(
+            "llama.cpp: %s, %d threads, KV cache %d cells (%.1f MiB, %s), %d sequence ids",
+            _describe(llama, self.model),
+            self.threads,
+            self.kv_capacity,
+            self.kv_capacity * self._bytes_per_cell(target.dtype) / 2**20,
+            target.dtype,
+            self.n_seq,
+        )
+
+    # ---- ModelRunner ---------------------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
+        from localradix.runner.sampler import sample
+
+        seqs = self._sequences(batch)
+        outputs = batch.last_token_index
+        self.batch.fill(
+            batch.input_ids, batch.positions, np.repeat(seqs, batch.extend_lens), outputs
+        )
+        rc = self.llama.llama_decode(self.ctx, self.batch.struct)
+        if rc != 0:
+            raise RuntimeError(
+                f"llama_decode returned {rc} for {batch.num_tokens} tokens of "
+                f"{batch.num_reqs} requests ({self.seqs.live_cells} of {self.kv_capacity} "
+                "cells in use): the KV accounting and llama.cpp's cells disagree"
+            )
+        for i, seq in enumerate(seqs):
+            new = slice(batch.qo_indptr[i], batch.qo_indptr[i + 1])
+            self.seqs.written(seq, batch.positions[new], batch.out_slots[new])
+        return sample(self._logit_rows(outputs), sampling)
+
+    def bind_kv(self, pool: KVPool, evict: Callable[[int], int]) -> None:
+        pool.add_free_listener(self.seqs.release)
+        self.seqs.set_evictor(evict)
+
+    def check_kv(self, pool: KVPool) -> None:
+        allocated = np.setdiff1d(np.arange(1, pool.num_slots), pool.free_slots())
+        self.seqs.check(allocated)
+        for seq in range(self.n_seq):
+            held = np.flatnonzero(self.seqs.paths[seq] >= 0)
+            lo, hi = (int(held[0]), int(held[-1])) if held.size else (-1, -1)
+            got = (self._pos_min(seq), self._pos_max(seq))
+            if got != (lo, hi):
+                raise AssertionError(f"sequence {seq}: llama.cpp holds {got}, the map ({lo}, {hi})")
+
+    # ---- SeqMemory (what SeqMap calls) -----------------------------------------------------
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not self.llama.llama_memory_seq_rm(self.memory, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp refused to drop positions [{p0}, {p1}) of {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.llama.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _sequences(self, batch: ForwardBatch) -> np.ndarray:
+        if batch.req_rows is None:
+            raise ValueError("the llamacpp runner needs each request's row (ForwardBatch.req_rows)")
+        seqs = np.empty(batch.num_reqs, dtype=np.int32)
+        for i in range(batch.num_reqs):
+            table = batch.kv_indices[batch.kv_indptr[i] : batch.kv_indptr[i + 1]]
+            prefix = int(batch.seq_lens[i] - batch.extend_lens[i])
+            seqs[i] = self.seqs.sequence_for(int(batch.req_rows[i]), table, prefix)
+        return seqs
+
+    def _logit_rows(self, outputs: np.ndarray) -> Any:
+        import torch
+
+        rows = self._logits[: len(outputs)]
+        for i, index in enumerate(outputs):
+            ptr = self.llama.llama_get_logits_ith(self.ctx, int(index))
+            rows[i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return torch.from_numpy(rows)
+
+    def _pos_min(self, seq: int) -> int:
+        return int(self.llama.llama_memory_seq_pos_min(self.memory, seq))
+
+    def _pos_max(self, seq: int) -> int:
+        return int(self.llama.llama_memory_seq_pos_max(self.memory, seq))
+
+    def _bytes_per_cell(self, dtype: str) -> int:
+        c = self.config
+        width = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * width
+
+    def _default_capacity(self, args: ServerArgs) -> int:
+        """Cells for a few full contexts, within `--mem-fraction` of available memory."""
+        per_cell = self._bytes_per_cell("float16")
+        from_memory = int(psutil.virtual_memory().available * args.mem_fraction) // per_cell
+        wanted = 4 * self.config.max_position_embeddings
+        return max(min(from_memory, wanted, DEFAULT_MAX_KV_TOKENS), 1024)
+
+    def _context_params(self, args: ServerArgs, target: Target, max_batch: int) -> Any:
+        params = self.llama.llama_context_default_params()
+        params.n_ctx = self.kv_capacity
+        params.n_batch = max_batch
+        params.n_ubatch = min(UBATCH, max_batch)
+        params.n_seq_max = self.n_seq
+        params.n_threads = params.n_threads_batch = self.threads
+        params.flash_attn_type = FLASH_ATTN_ENABLED
+        params.type_k = params.type_v = KV_TYPES[target.dtype]
+        params.kv_unified = True
+        params.swa_full = True  # sliding-window models keep old prefixes reusable
+        params.no_perf = True
+        return params
+
+
+def _load_model(llama: Any, path: Path, gpu: bool) -> Any:
+    params = llama.llama_model_default_params()
+    params.n_gpu_layers = -1 if gpu else 0
+    model = llama.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ValueError(f"llama.cpp could not load {path} (see the log above)")
+    if llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model):
+        raise ValueError(
+            f"{path.name} is a recurrent or hybrid model: its state cannot be shared by "
+            "prefix, which the llamacpp backend needs"
+        )
+    return model
+
+
+def _new_context(llama: Any, model: Any, params: Any) -> Any:
+    ctx = llama.llama_init_from_model(model, params)
+    if not ctx:
+        raise RuntimeError(
+            f"llama.cpp could not create a context of {params.n_ctx} cells "
+            "(lower --max-total-tokens)"
+        )
+    return ctx
+
+
+def _config(llama: Any, model: Any, args: ServerArgs) -> ModelConfig:
+    """What the engine needs to know of the model, from llama.cpp (any architecture)."""
+    vocab = llama.llama_model_get_vocab(model)
+    heads = int(llama.llama_model_n_head(model))
+    hidden = int(llama.llama_model_n_embd(model))
+    eos = {int(llama.llama_vocab_eos(vocab)), int(llama.llama_vocab_eot(vocab))} - {-1}
+    bos = int(llama.llama_vocab_bos(vocab))
+    return ModelConfig(
+        architecture=_meta(llama, model, "general.architecture") or "unknown",
+        model_type=_meta(llama, model, "general.architecture") or "unknown",
+        vocab_size=int(llama.llama_vocab_n_tokens(vocab)),
+        hidden_size=hidden,
+        intermediate_size=0,
+        num_hidden_layers=int(llama.llama_model_n_layer(model)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(llama.llama_model_n_head_kv(model)),
+        head_dim=hidden // max(heads, 1),
+        max_position_embeddings=int(llama.llama_model_n_ctx_train(model)),
+        bos_token_id=None if bos < 0 else bos,
+        eos_token_ids=tuple(sorted(eos)),
+    )
+
+
+def _meta(llama: Any, model: Any, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = llama.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def _describe(llama: Any, model: Any) -> str:
+    """E.g. "llama ?B Q4_1" (llama.cpp's own one-line description)."""
+    buf = ctypes.create_string_buffer(256)
+    llama.llama_model_desc(model, buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
+def _quiet_llama(level: str) -> None:
+    """llama.cpp's own log goes to stderr through llama-cpp-python: errors only unless debug."""
+    logging.getLogger("llama-cpp-python").setLevel(
+        logging.DEBUG if level == "debug" else logging.ERROR
+    )
