@@ -61,8 +61,10 @@ class LlamaCppRunner(ModelRunner):
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         import llama_cpp.llama_cpp as llama
 
+        from localradix.runner.sampler import sample  # the same sampler as every backend
+
         _quiet_llama(args.log_level)
-        self.llama = llama
+        self.llama, self._sample = llama, sample
         llama.llama_backend_init()
         self.model = _load_model(llama, path, gpu=target.device != "cpu")
         self.config = _config(llama, self.model, args)
@@ -79,7 +81,8 @@ class LlamaCppRunner(ModelRunner):
         max_batch = max(args.max_prefill_tokens, args.chunked_prefill_size, rows)
         self.ctx = _new_context(llama, self.model, self._context_params(args, target, max_batch))
         self.memory = llama.llama_get_memory(self.ctx)
-        self.batch = LlamaBatch(llama, max_batch)
+        # llama.cpp caps a batch at the context size: read back what it settled on.
+        self.batch = LlamaBatch(llama, int(llama.llama_n_batch(self.ctx)))
         self._logits = np.zeros((rows, self.n_vocab), dtype=np.float32)
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
@@ -96,8 +99,6 @@ class LlamaCppRunner(ModelRunner):
     # ---- ModelRunner ---------------------------------------------------------------------
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
-        from localradix.runner.sampler import sample
-
         seqs = self._sequences(batch)
         outputs = batch.last_token_index
         self.batch.fill(
@@ -113,7 +114,7 @@ class LlamaCppRunner(ModelRunner):
         for i, seq in enumerate(seqs):
             new = slice(batch.qo_indptr[i], batch.qo_indptr[i + 1])
             self.seqs.written(seq, batch.positions[new], batch.out_slots[new])
-        return sample(self._logit_rows(outputs), sampling)
+        return self._sample(self._logit_rows(outputs), sampling)
 
     def bind_kv(self, pool: KVPool, evict: Callable[[int], int]) -> None:
         pool.add_free_listener(self.seqs.release)
@@ -157,7 +158,7 @@ class LlamaCppRunner(ModelRunner):
         for i, index in enumerate(outputs):
             ptr = self.llama.llama_get_logits_ith(self.ctx, int(index))
             rows[i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        return torch.from_numpy(rows)
+        return torch.from_numpy(rows)  # a view: the sampler reads the rows where they are
 
     def _pos_min(self, seq: int) -> int:
         return int(self.llama.llama_memory_seq_pos_min(self.memory, seq))
@@ -183,6 +184,7 @@ class LlamaCppRunner(ModelRunner):
         params.n_batch = max_batch
         params.n_ubatch = min(UBATCH, max_batch)
         params.n_seq_max = self.n_seq
+        params.n_outputs_max = self.n_seq  # at most one logits row per sequence per step
         params.n_threads = params.n_threads_batch = self.threads
         params.flash_attn_type = FLASH_ATTN_ENABLED
         params.type_k = params.type_v = KV_TYPES[target.dtype]
