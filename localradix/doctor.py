@@ -25,6 +25,13 @@ from localradix.platform import (
     resolve_target,
 )
 
+# `ModelSource.kind` -> how `doctor` names it.
+MODEL_FORMATS = {"gguf": "GGUF files", "hf": "Hugging Face folders"}
+LLAMACPP_HINT = (
+    "GGUF files would run dequantized on torch: for llama.cpp's quantized kernels, "
+    "pip install 'localradix[llamacpp]' (it compiles llama.cpp, ~10 minutes)"
+)
+
 KEY_PACKAGES = (
     "localradix",
     "numpy",
@@ -33,6 +40,7 @@ KEY_PACKAGES = (
     "mlx-metal",
     "mlx-cpu",
     "torch-npu",
+    "llama-cpp-python",
     "flashinfer-python",
     "safetensors",
     "gguf",
@@ -68,10 +76,12 @@ def run_doctor(ns: argparse.Namespace) -> int:
 def collect(requested: str = AUTO, device: str | None = None) -> dict[str, Any]:
     """Everything `doctor` shows, as plain data."""
     statuses = detect_all()
+    by_format = {fmt: _chosen(requested, device, fmt) for fmt in MODEL_FORMATS}
     return {
         "system": system_info(),
         "backends": [_status_dict(s) for s in statuses],
-        "chosen": _chosen(requested, device),
+        "chosen": by_format["gguf"],  # the bundled model's format: what a bare `serve` runs
+        "chosen_by_format": by_format,
         "packages": package_versions(),
     }
 
@@ -113,12 +123,12 @@ def _status_dict(s: BackendStatus) -> dict[str, Any]:
     }
 
 
-def _chosen(requested: str, device: str | None) -> dict[str, Any]:
+def _chosen(requested: str, device: str | None, model_format: str) -> dict[str, Any]:
     from localradix.config import ServerArgs
 
     base = {"requested": requested, "backend": None, "device": None, "dtype": None, "error": None}
     try:
-        choice: Choice = choose_backend(requested, device)
+        choice: Choice = choose_backend(requested, device, model_format)
         target = resolve_target(choice, ServerArgs(backend=requested, device=device))
     except BackendError as exc:
         return {**base, "error": str(exc)}
@@ -159,17 +169,35 @@ def render(report: dict[str, Any]) -> str:
         if b["hardware"]:
             lines.append(f"  {'':<{width}}       {'':13}  hardware: {b['hardware']}")
     lines += ["", f"Chosen for --backend {chosen['requested']}"]
-    if chosen["error"]:
-        lines.append(f"  none: {chosen['error']}")
-    else:
-        lines.append(
-            f"  {chosen['backend']}: device {chosen['device']}, dtype {chosen['dtype']} "
-            f"(for --dtype auto), attention {chosen['attention']}"
-        )
+    for fmt, label in MODEL_FORMATS.items():
+        lines.append(f"  {label + ':':<22}{_choice_line(report['chosen_by_format'][fmt])}")
+    if _llamacpp_missing(report):
+        lines.append(f"  {LLAMACPP_HINT}")
     lines += ["", "Packages"]
     for name, version in report["packages"].items():
         lines.append(f"  {name:<18} {version or '-'}")
     return "\n".join(lines)
+
+
+def _choice_line(chosen: dict[str, Any]) -> str:
+    if chosen["error"]:
+        return f"none: {chosen['error']}"
+    return (
+        f"{chosen['backend']}: device {chosen['device']}, dtype {chosen['dtype']} "
+        f"(for --dtype auto), attention {chosen['attention']}"
+    )
+
+
+def _llamacpp_missing(report: dict[str, Any]) -> bool:
+    """A GGUF model goes to a torch backend only because llama.cpp is not installed."""
+    gguf = report["chosen_by_format"]["gguf"]
+    llamacpp = next((b for b in report["backends"] if b["name"] == "llamacpp"), None)
+    return (
+        gguf["requested"] == AUTO
+        and gguf["backend"] in ("cpu", "mlx")
+        and llamacpp is not None
+        and "not installed" in llamacpp["reason"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,16 @@ class Machine:
         self.mp.setitem(sys.modules, "torch_npu", torch_npu)
         self.installed.add("torch_npu")
 
+    def llamacpp(self, gpu_offload: bool = False) -> None:
+        low = types.ModuleType("llama_cpp.llama_cpp")
+        low.llama_supports_gpu_offload = lambda: gpu_offload
+        package = types.ModuleType("llama_cpp")
+        package.__version__ = "0.3.99"
+        package.llama_cpp = low
+        self.mp.setitem(sys.modules, "llama_cpp", package)
+        self.mp.setitem(sys.modules, "llama_cpp.llama_cpp", low)
+        self.installed.add("llama_cpp")
+
     def plugins(self, *eps: object) -> None:
         self.mp.setattr(lp, "_entry_points", lambda: list(eps))
 
@@ -102,7 +112,25 @@ def test_no_gpu_chooses_cpu_with_reasons(machine):
     assert "localradix[npu]" in reasons["npu"][1]
     assert reasons["mlx"][0] is False and "mlx not installed" in reasons["mlx"][1]
     assert reasons["cpu"] == (True, "always available")
-    assert [s.name for s in choice.report] == ["cuda", "rocm", "npu", "mlx", "cpu"]
+    assert [s.name for s in choice.report] == ["cuda", "rocm", "npu", "llamacpp", "mlx", "cpu"]
+
+
+def test_gguf_goes_to_llama_cpp_and_hf_folders_to_torch(machine):
+    machine.llamacpp()
+    assert lp.choose_backend("auto", model_format="gguf").spec.name == "llamacpp"
+    choice = lp.choose_backend("auto", model_format="hf")
+    assert choice.spec.name == "cpu"
+    assert _reasons(choice)["llamacpp"] == (False, "cannot load hf models (loads gguf)")
+    machine.torch(_fake_torch(cuda="12.4", gpus=1))  # a CUDA GPU keeps GGUF on torch + FlashInfer
+    assert lp.choose_backend("auto", model_format="gguf").spec.name == "cuda"
+
+
+def test_macs_run_gguf_on_llama_cpp_metal_and_hf_on_mlx(machine):
+    machine.apple(metal=True)
+    machine.llamacpp(gpu_offload=True)
+    gguf = lp.choose_backend("auto", model_format="gguf")
+    assert (gguf.spec.name, gguf.availability.device) == ("llamacpp", "gpu")
+    assert lp.choose_backend("auto", model_format="hf").spec.name == "mlx"
 
 
 def test_cuda_build_without_device(machine):
@@ -275,7 +303,7 @@ def test_entry_point_may_be_a_factory(machine):
 
 def test_real_builtins_load_and_are_ordered():
     specs = lp.backend_specs()
-    assert list(specs)[:5] == ["cuda", "rocm", "npu", "mlx", "cpu"]
+    assert list(specs)[:6] == ["cuda", "rocm", "npu", "llamacpp", "mlx", "cpu"]
     assert specs["mlx"].attention_backend == "mlx_paged"
     assert all(s.default_dtype in s.dtypes for s in specs.values())
 
@@ -288,7 +316,7 @@ def test_listing_imports_no_torch():
         "print('torch' in sys.modules, 'mlx.core' in sys.modules, names)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.startswith("False False ['cuda', 'rocm', 'npu', 'mlx', 'cpu'")
+    assert out.stdout.startswith("False False ['cuda', 'rocm', 'npu', 'llamacpp', 'mlx', 'cpu'")
 
 
 # ---- doctor ----------------------------------------------------------------------------------
@@ -304,11 +332,22 @@ def test_doctor_prints_hardware_backends_choice_and_packages(machine, capsys):
     rc, out = _run_doctor(capsys)
     assert rc == 0
     assert "Memory" in out and "GiB available" in out
-    assert "cuda  100  available      1 CUDA device(s), CUDA 12.4" in out
+    assert "cuda      100  available      1 CUDA device(s), CUDA 12.4" in out
     assert "hardware: 0: Fake GPU (80.0 GiB)" in out
-    assert "npu    80  not available  torch_npu not installed" in out
+    assert "npu        80  not available  torch_npu not installed" in out
     assert "cuda: device cuda, dtype bfloat16 (for --dtype auto)" in out
     assert "Packages" in out and "numpy" in out
+
+
+def test_doctor_says_which_backend_runs_each_format_and_how_to_get_llama_cpp(machine, capsys):
+    rc, out = _run_doctor(capsys)
+    assert "GGUF files:           cpu: device cpu" in out
+    assert "pip install 'localradix[llamacpp]'" in out
+    machine.llamacpp()
+    rc, out = _run_doctor(capsys)
+    assert "GGUF files:           llamacpp: device cpu, dtype float16" in out
+    assert "Hugging Face folders: cpu: device cpu" in out
+    assert "pip install 'localradix[llamacpp]'" not in out
 
 
 def test_doctor_json_and_failed_request(machine, capsys):

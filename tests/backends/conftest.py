@@ -32,3 +32,4 @@ token_lists = _helpers.token_lists
 HAS_MLX: bool = _helpers.HAS_MLX
 requires_mlx = _helpers.requires_mlx
 BACKENDS = _helpers.BACKENDS
+HAS_LLAMA_CPP: bool = importlib.util.find_spec("llama_cpp") is not None

@@ -10,9 +10,9 @@ as the radix tree caches.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,9 +23,8 @@ from localradix.config import ServerArgs
 from localradix.engine.messages import GenerateRequest
 from localradix.sampling_params import SamplingParams
 
-from .conftest import bundled_gguf
+from .conftest import HAS_LLAMA_CPP, bundled_gguf
 
-HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -74,10 +73,15 @@ def reference(model_path, prompts):
     return out
 
 
+@contextmanager
 def _core(model_path, **kw):
     from localradix.engine.core import EngineCore
 
-    return EngineCore(ServerArgs(model=model_path, backend="llamacpp", threads=2, **kw))
+    core = EngineCore(ServerArgs(model=model_path, backend="llamacpp", threads=2, **kw))
+    try:
+        yield core
+    finally:
+        core.scheduler.runner.close()  # llama.cpp's buffers, now rather than at a GC cycle
 
 
 def _run(core, jobs):
@@ -100,50 +104,51 @@ def _greedy(n=NEW):
 
 
 def test_alone_batched_and_cached_equal_llama_cpp(model_path, prompts, reference):
-    core = _core(model_path, max_total_tokens=2048)
-    for i, ids in enumerate(prompts):
-        got = _run(core, [(f"alone{i}", ids, _greedy())])
-        assert got[f"alone{i}"][0] == reference[i], f"prompt {i} alone"
-    core.flush_cache()
-    batched = _run(core, [(f"b{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
+    with _core(model_path, max_total_tokens=2048) as core:
+        for i, ids in enumerate(prompts):
+            got = _run(core, [(f"alone{i}", ids, _greedy())])
+            assert got[f"alone{i}"][0] == reference[i], f"prompt {i} alone"
+        core.flush_cache()
+        batched = _run(core, [(f"b{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
+        hits = _run(core, [(f"h{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
     assert [batched[f"b{i}"][0] for i in range(len(prompts))] == reference
-    hits = _run(core, [(f"h{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
     assert [hits[f"h{i}"][0] for i in range(len(prompts))] == reference
     assert all(hits[f"h{i}"][1] == len(ids) - 1 for i, ids in enumerate(prompts))
 
 
 def test_chunked_prefill_and_retraction_equal_llama_cpp(model_path, prompts, reference):
     # 8-token chunks, and a pool too small for all four requests to decode to the end.
-    core = _core(model_path, max_total_tokens=96, chunked_prefill_size=8, new_token_ratio=0.05)
-    got = _run(core, [(f"r{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
+    small = dict(max_total_tokens=96, chunked_prefill_size=8, new_token_ratio=0.05)
+    with _core(model_path, **small) as core:
+        got = _run(core, [(f"r{i}", ids, _greedy()) for i, ids in enumerate(prompts)])
+        assert core.scheduler.retractions > 0
     assert [got[f"r{i}"][0] for i in range(len(prompts))] == reference
-    assert core.scheduler.retractions > 0
 
 
 def test_a_shared_prefix_is_computed_once(model_path, prompts, reference):
-    core = _core(model_path, max_total_tokens=2048)
     stem = prompts[2]
-    first = _run(core, [("first", stem, _greedy(4))])
-    second = _run(core, [("second", stem + (28, 29, 30), _greedy(4))])
+    with _core(model_path, max_total_tokens=2048) as core:
+        first = _run(core, [("first", stem, _greedy(4))])
+        second = _run(core, [("second", stem + (28, 29, 30), _greedy(4))])
+        assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
     assert first["first"][0] == reference[2][:4]
     assert second["second"][1] == len(stem)  # attached to the cached cells, not re-prefilled
-    assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
 
 
 def test_aborts_and_eviction_leave_llama_cpp_consistent(model_path, prompts):
-    core = _core(model_path, max_total_tokens=128)
-    for i, ids in enumerate(prompts):
-        core.add_request(GenerateRequest(f"a{i}", ids, _greedy(40)))
-    for _ in range(6):
-        core.step()
-    core.abort("a1")
-    core.abort("a3")
-    while core.has_work():
-        core.step()
-    core.scheduler.check_invariants(idle=True)
-    assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
-    core.flush_cache()
-    assert _llama_cells_in_use(core) == 0
+    with _core(model_path, max_total_tokens=128) as core:
+        for i, ids in enumerate(prompts):
+            core.add_request(GenerateRequest(f"a{i}", ids, _greedy(40)))
+        for _ in range(6):
+            core.step()
+        core.abort("a1")
+        core.abort("a3")
+        while core.has_work():
+            core.step()
+        core.scheduler.check_invariants(idle=True)
+        assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
+        core.flush_cache()
+        assert _llama_cells_in_use(core) == 0
 
 
 @settings(
@@ -163,21 +168,22 @@ def test_random_workloads_equal_one_at_a_time(model_path, prompts, picks, abort)
         (str(i), prompts[p][: len(prompts[p]) - cut] + (100 + i,), _greedy(n))
         for i, (p, cut, n) in enumerate(picks)
     ]
-    alone = _core(model_path, max_total_tokens=512, disable_radix_cache=True)
-    expected = {rid: _run(alone, [(rid, ids, params)])[rid][0] for rid, ids, params in jobs}
-    core = _core(model_path, max_total_tokens=64, max_running_requests=4, new_token_ratio=0.05)
-    for rid, ids, params in jobs:
-        core.add_request(GenerateRequest(rid, ids, params))
+    with _core(model_path, max_total_tokens=512, disable_radix_cache=True) as alone:
+        expected = {rid: _run(alone, [(rid, ids, p)])[rid][0] for rid, ids, p in jobs}
+    tiny = dict(max_total_tokens=64, max_running_requests=4, new_token_ratio=0.05)
     got: dict[str, list[int]] = {}
-    steps = 0
-    while core.has_work():
-        if abort is not None and steps == 3:
-            core.abort(str(abort))
-        for out in core.step():
-            got.setdefault(out.rid, []).extend(out.new_token_ids)
-        steps += 1
-    core.scheduler.check_invariants(idle=True)
-    assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
+    with _core(model_path, **tiny) as core:
+        for rid, ids, params in jobs:
+            core.add_request(GenerateRequest(rid, ids, params))
+        steps = 0
+        while core.has_work():
+            if abort is not None and steps == 3:
+                core.abort(str(abort))
+            for out in core.step():
+                got.setdefault(out.rid, []).extend(out.new_token_ids)
+            steps += 1
+        core.scheduler.check_invariants(idle=True)
+        assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
     for rid, tokens in got.items():
         if rid != str(abort):
             assert tuple(tokens) == expected[rid], rid

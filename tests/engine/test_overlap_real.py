@@ -97,7 +97,9 @@ def test_overlap_keeps_grammar_constraints():
     free = SamplingParams(temperature=0, max_new_tokens=20)
     got = {}
     for mode in ("off", "on"):
-        with Engine(str(path), max_total_tokens=4096, overlap_schedule=mode) as engine:
+        with Engine(
+            str(path), backend="cpu", max_total_tokens=4096, overlap_schedule=mode
+        ) as engine:
             ids = engine.tokenizer.encode("A person as JSON:")
             got[mode] = engine.generate([ids, ids], [params, free])
             engine.check_invariants(idle=True)

@@ -53,7 +53,7 @@ def _chat_prompts(engine: Engine, system: str) -> list[list[int]]:
 def test_bundled_model_greedy_parity(gguf, hf_reference):
     params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
     system = "You are a concise assistant. " * 8
-    with Engine(str(gguf), dtype="float32", max_total_tokens=8192) as engine:
+    with Engine(str(gguf), backend="cpu", dtype="float32", max_total_tokens=8192) as engine:
         prompts = _chat_prompts(engine, system)
         refs = [hf_reference(p) for p in prompts]
         alone = [engine.generate([p], params)[0].token_ids for p in prompts[:1]]
@@ -63,7 +63,7 @@ def test_bundled_model_greedy_parity(gguf, hf_reference):
         assert all(r.cached_tokens > 50 for r in batched)
         engine.check_invariants(idle=True)
     with Engine(
-        str(gguf), dtype="float32", max_total_tokens=8192, chunked_prefill_size=32
+        str(gguf), backend="cpu", dtype="float32", max_total_tokens=8192, chunked_prefill_size=32
     ) as engine:
         assert [r.token_ids for r in engine.generate(prompts, params)] == refs
         engine.check_invariants(idle=True)

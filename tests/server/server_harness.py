@@ -94,9 +94,11 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
 # ---- fixtures: one real server per module (imported by conftest.py and the MLX suite) ------
 @pytest.fixture(scope="module")
 def server():
-    """One real server per module on the bundled model, with a small KV pool (a module may
-    override `server`, e.g. with `--backend mlx`; test_fake_server overrides `client`)."""
-    s = start_server(["--max-total-tokens", "16384", "--max-running-requests", "16"], fake=False)
+    """One real server per module on the bundled model and the torch CPU runner, with a small
+    KV pool (a module may override `server`, e.g. with `--backend mlx`; test_fake_server
+    overrides `client`)."""
+    args = ["--backend", "cpu", "--max-total-tokens", "16384", "--max-running-requests", "16"]
+    s = start_server(args, fake=False)
     yield s
     assert s.stop() == 0, s.log()[-3000:]
 

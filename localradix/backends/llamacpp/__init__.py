@@ -19,6 +19,7 @@ SPEC = BackendSpec(
     dtypes=("float16", "bfloat16", "float32"),  # the KV cache's type; weights stay as stored
     default_dtype="float16",
     device_types=("cpu", "gpu", "metal"),
+    attention_backend="llama.cpp",
     page_sizes=(1,),
     formats=("gguf",),
 )

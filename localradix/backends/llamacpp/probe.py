@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from localradix.platform import Availability
 
 
 def probe(explicit: bool) -> Availability:
+    import llama_cpp
     import llama_cpp.llama_cpp as llama
 
-    version = metadata.version("llama-cpp-python")
+    version = getattr(llama_cpp, "__version__", "?")
     if llama.llama_supports_gpu_offload():
         return Availability(True, f"llama-cpp-python {version}, GPU offload", "gpu")
     from localradix.backends.llamacpp.runner import default_threads

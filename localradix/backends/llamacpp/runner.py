@@ -130,6 +130,18 @@ class LlamaCppRunner(ModelRunner):
             if got != (lo, hi):
                 raise AssertionError(f"sequence {seq}: llama.cpp holds {got}, the map ({lo}, {hi})")
 
+    def close(self) -> None:
+        """Free llama.cpp's context and model (the KV cache and weights' buffers)."""
+        ctx, model, self.ctx, self.model = getattr(self, "ctx", None), self.model, None, None
+        if ctx:
+            self.llama.llama_free(ctx)
+        if model:
+            self.llama.llama_model_free(model)
+
+    def __del__(self) -> None:
+        if getattr(self, "model", None) is not None:
+            self.close()
+
     # ---- SeqMemory (what SeqMap calls) -----------------------------------------------------
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
