@@ -151,6 +151,14 @@ def test_aborts_and_eviction_leave_llama_cpp_consistent(model_path, prompts):
         assert _llama_cells_in_use(core) == 0
 
 
+# llama.cpp's logits move by up to ~0.07 nats with where a sequence's cells sit in the pool
+# (measured: the same prompt alone in a fresh context vs after other requests came and went),
+# while batch composition and `seq_cp` sharing leave them bit-identical. So a random workload
+# must match one-at-a-time runs token for token until a near-tie: where the two differ, the
+# reference's token must have been within TIE nats of the one chosen (after that they diverge).
+TIE = 0.25
+
+
 @settings(
     max_examples=int(os.environ.get("LLAMACPP_EXAMPLES", 6)),
     deadline=None,
@@ -164,29 +172,42 @@ def test_aborts_and_eviction_leave_llama_cpp_consistent(model_path, prompts):
 )
 def test_random_workloads_equal_one_at_a_time(model_path, prompts, picks, abort):
     """Shared prefixes (prompt stems), aborts, eviction and retraction under a tiny cell budget."""
+    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True, logprobs=5)
+              for _, _, n in picks]  # fmt: skip
     jobs = [
-        (str(i), prompts[p][: len(prompts[p]) - cut] + (100 + i,), _greedy(n))
-        for i, (p, cut, n) in enumerate(picks)
+        (str(i), prompts[p][: len(prompts[p]) - cut] + (100 + i,), params[i])
+        for i, (p, cut, _) in enumerate(picks)
     ]
     with _core(model_path, max_total_tokens=512, disable_radix_cache=True) as alone:
         expected = {rid: _run(alone, [(rid, ids, p)])[rid][0] for rid, ids, p in jobs}
     tiny = dict(max_total_tokens=64, max_running_requests=4, new_token_ratio=0.05)
-    got: dict[str, list[int]] = {}
+    got: dict[str, list] = {}
     with _core(model_path, **tiny) as core:
-        for rid, ids, params in jobs:
-            core.add_request(GenerateRequest(rid, ids, params))
+        for rid, ids, p in jobs:
+            core.add_request(GenerateRequest(rid, ids, p))
         steps = 0
         while core.has_work():
             if abort is not None and steps == 3:
                 core.abort(str(abort))
             for out in core.step():
-                got.setdefault(out.rid, []).extend(out.new_token_ids)
+                got.setdefault(out.rid, []).extend(out.logprobs)
             steps += 1
         core.scheduler.check_invariants(idle=True)
         assert _llama_cells_in_use(core) == core.scheduler.cache.total_size
-    for rid, tokens in got.items():
+    for rid, logprobs in got.items():
         if rid != str(abort):
-            assert tuple(tokens) == expected[rid], rid
+            _same_until_a_near_tie([lp.token_id for lp in logprobs], expected[rid], logprobs)
+
+
+def _same_until_a_near_tie(tokens, expected, logprobs):
+    diverge = next((j for j, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+    if diverge is None:
+        assert len(tokens) == len(expected)
+        return
+    chosen = logprobs[diverge]
+    alternatives = dict(chosen.top)
+    gap = chosen.logprob - alternatives.get(expected[diverge], float("-inf"))
+    assert gap <= TIE, f"token {diverge}: {tokens} vs {expected}, gap {gap:.3f} nats"
 
 
 def _llama_cells_in_use(core) -> int:
