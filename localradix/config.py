@@ -15,6 +15,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OVERLAP_MODES = ("auto", "on", "off")
+MIXED_MODES = ("auto", "on", "off")
 
 
 def _opt(help: str, **kw: Any) -> Any:
@@ -69,6 +70,13 @@ class ServerArgs:
         "runners), on, off",
         default="auto",
         choices=OVERLAP_MODES,
+    )
+    mixed_prefill: str = _opt(
+        "run the decoding requests in the same step as a prefill instead of pausing them: "
+        "auto (on for the llamacpp backend, where a step's cost hardly grows with a few more "
+        "tokens), on, off",
+        default="auto",
+        choices=MIXED_MODES,
     )
     decode_log_interval: int = _opt("log a decode line every N steps", default=40)
     # Server

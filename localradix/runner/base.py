@@ -123,6 +123,9 @@ class ModelRunner(ABC):
     # True when `launch` returns before the device is done, so the scheduler prepares step
     # N+1 while step N runs (see `localradix.runner.overlap`).
     overlaps: bool = False
+    # True when adding the running requests' decode tokens to a prefill step costs little
+    # (`--mixed-prefill auto` then mixes them in rather than pausing decode for the prefill).
+    mixes_decode_into_prefill: bool = False
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:

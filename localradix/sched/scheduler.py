@@ -96,6 +96,9 @@ class Scheduler:
         self.chunked: Req | None = None
         self.in_flight: InFlight | None = None
         self.overlap = runner.overlaps
+        self.mixed = args.mixed_prefill == "on" or (
+            args.mixed_prefill == "auto" and runner.mixes_decode_into_prefill
+        )
         self._last_read = 0.0  # when the host last read a step's tokens (step timing)
         self.reqs: dict[str, Req] = {}
         self._rejected: list[RequestOutput] = []
@@ -198,7 +201,8 @@ class Scheduler:
             self._collect_grammars()
         if self.in_flight is not None and self.in_flight.needs_host_tokens:
             self._read_in_flight()
-        batch = self._schedule_prefill() or self._schedule_decode()
+        batch = self._schedule_prefill()
+        batch = batch + self._schedule_mixed_decode() if batch else self._schedule_decode()
         launched = self._launch(batch) if batch else None
         self._read_in_flight()  # step N's tokens, read while step N+1 runs
         self.in_flight = launched
@@ -362,18 +366,37 @@ class Scheduler:
             batch = self._decodable()
         if not batch:
             return []
-        opening = [r for r in batch if r.kv_len % self.page == 0]  # need a new page
-        slots = self.pool.alloc(len(opening) * self.page)
-        assert slots is not None, "decode room was checked just above"
-        for i, req in enumerate(opening):
-            assert req.row is not None
-            page = slots[i * self.page : (i + 1) * self.page]
-            self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
+        opened = self._open_decode_pages(batch)
+        assert opened, "decode room was checked just above"
         for req in batch:
             req.extend_len = 1
         step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
         return batch
+
+    def _schedule_mixed_decode(self) -> list[Req]:
+        """With --mixed-prefill, the running requests decode in the prefill's step too, if
+        their slots fit without retracting anyone (else they wait, as without mixing)."""
+        if not self.mixed:
+            return []
+        batch = self._decodable()
+        if not batch or not self._open_decode_pages(batch):
+            return []
+        for req in batch:
+            req.extend_len = 1
+        return batch
+
+    def _open_decode_pages(self, batch: list[Req]) -> bool:
+        """Give each request whose page is full a new page; False (nothing taken) if short."""
+        opening = [r for r in batch if r.kv_len % self.page == 0]
+        slots = self.pool.alloc(len(opening) * self.page)
+        if slots is None:
+            return False
+        for i, req in enumerate(opening):
+            assert req.row is not None
+            page = slots[i * self.page : (i + 1) * self.page]
+            self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
+        return True
 
     def _decodable(self) -> list[Req]:
         """Running requests not already certain to stop at a token still on the device."""

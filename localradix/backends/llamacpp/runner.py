@@ -58,6 +58,9 @@ def default_threads() -> int:
 
 
 class LlamaCppRunner(ModelRunner):
+    # A CPU step reads every weight once whatever its token count: decode tokens ride along.
+    mixes_decode_into_prefill = True
+
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         import llama_cpp.llama_cpp as llama
 
