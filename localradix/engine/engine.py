@@ -56,15 +56,25 @@ class Engine:
         from localradix.engine.core import EngineCore
 
         self.args = ServerArgs(model=model, **server_args)
-        self.core = EngineCore(self.args)
-        self.tokenizer = self.core.tokenizer
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
         self._ids = itertools.count()
         self._closed = False
         self._dead: Exception | None = None
-        self._thread = threading.Thread(target=self._loop, name="localradix-engine", daemon=True)
+        # The core is built on the loop's thread, which alone touches it (llama.cpp's OpenMP
+        # team belongs to the thread that first runs it; a second thread's team slows both).
+        built: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(
+            target=self._loop, args=(lambda: EngineCore(self.args), built), daemon=True,
+            name="localradix-engine",
+        )  # fmt: skip
         self._thread.start()
+        core = built.get()
+        if isinstance(core, BaseException):
+            self._thread.join()
+            raise core
+        self.core: EngineCore = core
+        self.tokenizer = core.tokenizer
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -204,9 +214,15 @@ class Engine:
             raise value
         return value
 
-    def _loop(self) -> None:
+    def _loop(self, build: Callable[[], Any], built: queue.Queue[Any]) -> None:
         try:
-            self._run_loop()
+            core = build()
+        except BaseException as exc:
+            built.put(exc)
+            return
+        built.put(core)
+        try:
+            self._run_loop(core)
         except Exception as exc:  # a bug or a device error: fail every waiter, never hang them
             logger.exception("engine loop crashed")
             self._dead = exc
@@ -215,8 +231,7 @@ class Engine:
             self._callbacks.clear()
             self._drain_calls(exc)
 
-    def _run_loop(self) -> None:
-        core = self.core
+    def _run_loop(self, core: Any) -> None:
         while True:
             block = not core.has_work()
             try:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,15 +133,10 @@ def engine_main(
     push.connect(out_addr)
     loop = EngineLoop(None, pull, push, parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "stopping", True))
-    try:
-        loop.core = load_factory(core_factory)(args)
-    except BaseException as exc:  # any load failure is reported, not a silent death
-        logger.error("the engine failed to load: %s", exc, exc_info=True)
-        loop.send("load_error", f"{type(exc).__name__}: {exc}")
+    loaded, crash = _run_in_thread(loop, lambda: load_factory(core_factory)(args))
+    if not loaded:  # the load failure was reported, not a silent death
         _close(ctx, pull, push)
         sys.exit(1)
-    loop.send("ready", dataclasses.asdict(loop.core.info))
-    crash = _run_in_thread(loop)
     if crash is not None:
         logger.critical("the engine loop crashed:\n%s", crash)
         loop.send("fatal", crash.strip().splitlines()[-1])
@@ -149,16 +145,34 @@ def engine_main(
     _close(ctx, pull, push)
 
 
-def _run_in_thread(loop: EngineLoop) -> str | None:
-    """Run the loop on a worker thread, as the in-process Engine does; the traceback if it died.
+def _load(loop: EngineLoop, build: Callable[[], Any]) -> bool:
+    try:
+        loop.core = build()
+    except BaseException as exc:
+        logger.error("the engine failed to load: %s", exc, exc_info=True)
+        loop.send("load_error", f"{type(exc).__name__}: {exc}")
+        return False
+    loop.send("ready", dataclasses.asdict(loop.core.info))
+    return True
+
+
+def _run_in_thread(loop: EngineLoop, build: Callable[[], Any]) -> tuple[bool, str | None]:
+    """Load the core and run the loop on one worker thread, as the in-process Engine does:
+    (loaded, the traceback if the loop died).
 
     Stepping torch from the main thread measured ~4x the CPU time per token on a small busy
     CPU (intra-op threads spinning at barriers); a worker thread matches `localradix.Engine`.
-    The main thread only waits, so SIGTERM is still handled promptly.
+    The core is built on that same thread: llama.cpp's OpenMP team belongs to the thread that
+    first runs it, and a second thread's team throttles both (measured: 35 instead of ~110
+    tok/s). The main thread only waits, so SIGTERM is still handled promptly.
     """
     crash: list[str] = []
+    loaded: list[bool] = []
 
     def target() -> None:
+        loaded.append(_load(loop, build))
+        if not loaded[0]:
+            return
         try:
             loop.run()
         except BaseException:
@@ -168,7 +182,7 @@ def _run_in_thread(loop: EngineLoop) -> str | None:
     worker.start()
     while worker.is_alive():
         worker.join(0.5)
-    return crash[0] if crash else None
+    return bool(loaded and loaded[0]), crash[0] if crash else None
 
 
 def _close(ctx: zmq.Context, *sockets: zmq.Socket) -> None:

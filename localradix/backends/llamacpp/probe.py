@@ -6,6 +6,9 @@ from localradix.platform import Availability
 
 
 def probe(explicit: bool) -> Availability:
+    from localradix.backends.llamacpp.openmp import settle_openmp
+
+    settle_openmp()
     import llama_cpp
     import llama_cpp.llama_cpp as llama
 
