@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,7 @@ def main() -> int:
             "localradix",
             [sys.executable, "-m", "localradix", "serve", model, "--backend", "llamacpp",
              "--host", "127.0.0.1", "--port", str(radix_port), "--threads", str(ns.threads),
-             "--max-total-tokens", str(ns.cells), "--log-level", "warning"],
+             "--max-total-tokens", str(ns.cells), "--log-level", "warning", *shlex.split(ns.server_args)],
             radix_port,
             localradix_env(),
         ),
@@ -126,6 +127,7 @@ def _bench(ns: argparse.Namespace, servers: list[Server]) -> dict:
             "--compare", *(f"{s.label}={s.url}" for s in servers),
             "--baseline", "llama-server", "--workload", *ns.workloads,
             "--scale", str(ns.scale), "--concurrency", str(ns.parallel),
+            "--extra-body", '{"ignore_eos": true}',  # both servers write max_tokens tokens
             "--output", str(output)]  # fmt: skip
     subprocess.run(argv, check=True, env=localradix_env())
     return json.loads(output.read_text())
@@ -167,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cells", type=int, default=32768, help="KV cells for both (default 32768)")
     p.add_argument("--workloads", nargs="+", default=["single", "agent", "chat", "random"])
     p.add_argument("--scale", type=float, default=1.0, help="workload size multiplier")
+    p.add_argument(
+        "--server-args", default="", help='extra `localradix serve` flags, e.g. "--flag 1"'
+    )
     return p
 
 

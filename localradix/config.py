@@ -56,6 +56,12 @@ class ServerArgs:
         "radix-cache eviction policy", default="lru", choices=EVICTION_POLICIES
     )
     disable_radix_cache: bool = _opt("never reuse a cached prefix", default=False)
+    max_cached_tokens: int | None = _opt(
+        "most tokens the radix cache keeps that no running request uses (LRU beyond that); "
+        "default: all that fit in the pool, except on llamacpp (8192), where every cached cell "
+        "costs attention time in every step",
+        default=None,
+    )
     chunked_prefill_size: int = _opt(
         "longest prefill chunk in tokens (0 = never chunk)", default=2048
     )

@@ -126,6 +126,9 @@ class ModelRunner(ABC):
     # True when adding the running requests' decode tokens to a prefill step costs little
     # (`--mixed-prefill auto` then mixes them in rather than pausing decode for the prefill).
     mixes_decode_into_prefill: bool = False
+    # Cached-but-unused tokens worth keeping by default (None: all that fit). A runner whose
+    # steps get slower with every cached token (llama.cpp's unified cells) sets a bound.
+    default_max_cached_tokens: int | None = None
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:

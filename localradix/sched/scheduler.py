@@ -96,6 +96,7 @@ class Scheduler:
         self.chunked: Req | None = None
         self.in_flight: InFlight | None = None
         self.overlap = runner.overlaps
+        self.max_cached = args.max_cached_tokens or runner.default_max_cached_tokens
         self.mixed = args.mixed_prefill == "on" or (
             args.mixed_prefill == "auto" and runner.mixes_decode_into_prefill
         )
@@ -208,9 +209,15 @@ class Scheduler:
         self.in_flight = launched
         if not self.overlap:
             self._read_in_flight()
+        self._trim_cache()
         if was_busy and self.idle:
             self.check_invariants(idle=True)
         return self._collect_outputs()
+
+    def _trim_cache(self) -> None:
+        """Evict the least recently used cached prefixes beyond --max-cached-tokens."""
+        if self.max_cached is not None and self.cache.evictable_size > self.max_cached:
+            self.cache.evict(self.cache.evictable_size - self.max_cached)
 
     def check_invariants(self, idle: bool = False) -> None:
         owned = [self._owned_slots(r) for r in self._holders()]

@@ -61,6 +61,9 @@ def default_threads() -> int:
 class LlamaCppRunner(ModelRunner):
     # A CPU step reads every weight once whatever its token count: decode tokens ride along.
     mixes_decode_into_prefill = True
+    # Every live cell widens every step's attention (llama.cpp masks, but still walks, the
+    # cells of other sequences): measured 125 -> 89 tok/s decode with 8k unrelated cells.
+    default_max_cached_tokens = 8192
 
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         settle_openmp()
@@ -73,7 +76,7 @@ class LlamaCppRunner(ModelRunner):
         self.llama, self._sample = llama, sample
         llama.llama_backend_init()
         self.model = _load_model(llama, path, gpu=target.device != "cpu")
-        self.config = _config(llama, self.model, args)
+        self.config = _config(llama, self.model)
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
@@ -236,23 +239,25 @@ def _new_context(llama: Any, model: Any, params: Any) -> Any:
     return ctx
 
 
-def _config(llama: Any, model: Any, args: ServerArgs) -> ModelConfig:
+def _config(llama: Any, model: Any) -> ModelConfig:
     """What the engine needs to know of the model, from llama.cpp (any architecture)."""
     vocab = llama.llama_model_get_vocab(model)
+    arch = _meta(llama, model, "general.architecture") or "unknown"
     heads = int(llama.llama_model_n_head(model))
     hidden = int(llama.llama_model_n_embd(model))
+    head_dim = _meta(llama, model, f"{arch}.attention.key_length")
     eos = {int(llama.llama_vocab_eos(vocab)), int(llama.llama_vocab_eot(vocab))} - {-1}
     bos = int(llama.llama_vocab_bos(vocab))
     return ModelConfig(
-        architecture=_meta(llama, model, "general.architecture") or "unknown",
-        model_type=_meta(llama, model, "general.architecture") or "unknown",
+        architecture=arch,
+        model_type=arch,
         vocab_size=int(llama.llama_vocab_n_tokens(vocab)),
         hidden_size=hidden,
         intermediate_size=0,
         num_hidden_layers=int(llama.llama_model_n_layer(model)),
         num_attention_heads=heads,
         num_key_value_heads=int(llama.llama_model_n_head_kv(model)),
-        head_dim=hidden // max(heads, 1),
+        head_dim=int(head_dim) if head_dim else hidden // max(heads, 1),
         max_position_embeddings=int(llama.llama_model_n_ctx_train(model)),
         bos_token_id=None if bos < 0 else bos,
         eos_token_ids=tuple(sorted(eos)),

@@ -1,0 +1,67 @@
+"""--mixed-prefill (decodes ride along in prefill steps) and --max-cached-tokens (LRU budget of
+cached-but-unused tokens), on the deterministic hash model of the overlap tests."""
+
+from __future__ import annotations
+
+from localradix.config import ServerArgs
+from localradix.engine.messages import GenerateRequest
+from localradix.sampling_params import SamplingParams
+
+from .test_overlap_scheduler import KVHashRunner, _scheduler
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+
+
+def _steps_to_finish(mixed: str) -> tuple[int, dict[str, list[int]]]:
+    """One request decodes while three more arrive, one per step, each needing a prefill:
+    (the step the first request finished at, every request's tokens)."""
+    sched = _scheduler(KVHashRunner(1000), ServerArgs(max_total_tokens=1000, mixed_prefill=mixed))
+    sched.add_request(GenerateRequest("first", (5, 6, 7), GREEDY))
+    tokens: dict[str, list[int]] = {}
+    steps, first_done = 0, 0
+    while sched.has_work():
+        if 1 <= steps <= 3:
+            sched.add_request(GenerateRequest(f"late{steps}", (9, 10 + steps), GREEDY))
+        for out in sched.step():
+            tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+            first_done = steps if out.rid == "first" and out.finished else first_done
+        steps += 1
+    sched.check_invariants(idle=True)
+    return first_done, tokens
+
+
+def test_mixed_prefill_keeps_decoding_through_prefills_with_the_same_tokens():
+    plain_steps, plain = _steps_to_finish("off")
+    mixed_steps, mixed = _steps_to_finish("on")
+    assert mixed == plain
+    assert mixed_steps == plain_steps - 3  # it decoded in the 3 prefill steps instead of waiting
+
+
+def test_mixed_prefill_is_on_by_default_only_where_the_runner_asks():
+    runner = KVHashRunner(100)
+    assert not _scheduler(runner, ServerArgs(max_total_tokens=100)).mixed
+    runner.mixes_decode_into_prefill = True
+    assert _scheduler(runner, ServerArgs(max_total_tokens=100)).mixed
+    assert not _scheduler(runner, ServerArgs(max_total_tokens=100, mixed_prefill="off")).mixed
+
+
+def test_cached_tokens_beyond_the_budget_are_evicted_least_recent_first():
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=20)
+    sched = _scheduler(KVHashRunner(1000), args)
+    for i in range(4):  # 4 unrelated requests of 10 prompt + 8 new tokens: 17 cached each
+        sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 2, 10 * i + 12)), GREEDY))
+        while sched.has_work():
+            sched.step()
+        assert sched.cache.evictable_size <= 20
+    sched.check_invariants(idle=True)
+    last = tuple(range(32, 42))
+    assert sched.cache.match_prefix(last).matched_len == 10  # the newest one is still cached
+    assert sched.cache.match_prefix(tuple(range(2, 12))).matched_len == 0  # the oldest is gone
+
+
+def test_the_runner_sets_the_default_budget_and_the_flag_wins():
+    runner = KVHashRunner(100)
+    runner.default_max_cached_tokens = 64
+    assert _scheduler(runner, ServerArgs(max_total_tokens=100)).max_cached == 64
+    args = ServerArgs(max_total_tokens=100, max_cached_tokens=32)
+    assert _scheduler(runner, args).max_cached == 32
