@@ -209,13 +209,16 @@ class Scheduler:
         self.in_flight = launched
         if not self.overlap:
             self._read_in_flight()
-        self._trim_cache()
+        if not self.idle:
+            self._trim_cache()
         if was_busy and self.idle:
             self.check_invariants(idle=True)
         return self._collect_outputs()
 
     def _trim_cache(self) -> None:
-        """Evict the least recently used cached prefixes beyond --max-cached-tokens."""
+        """Evict the least recently used cached prefixes beyond --max-cached-tokens. Only while
+        requests run: that is when a runner pays for them, and an idle engine keeps the last
+        conversation whole for its next turn."""
         if self.max_cached is not None and self.cache.evictable_size > self.max_cached:
             self.cache.evict(self.cache.evictable_size - self.max_cached)
 

@@ -45,18 +45,30 @@ def test_mixed_prefill_is_on_by_default_only_where_the_runner_asks():
     assert not _scheduler(runner, ServerArgs(max_total_tokens=100, mixed_prefill="off")).mixed
 
 
-def test_cached_tokens_beyond_the_budget_are_evicted_least_recent_first():
+def test_while_busy_cached_tokens_beyond_the_budget_go_least_recent_first():
     args = ServerArgs(max_total_tokens=1000, max_cached_tokens=20)
     sched = _scheduler(KVHashRunner(1000), args)
+    long = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
+    sched.add_request(GenerateRequest("long", (3, 4), long))  # keeps the engine busy
     for i in range(4):  # 4 unrelated requests of 10 prompt + 8 new tokens: 17 cached each
-        sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 2, 10 * i + 12)), GREEDY))
-        while sched.has_work():
+        sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 5, 10 * i + 15)), GREEDY))
+        for _ in range(12):
             sched.step()
         assert sched.cache.evictable_size <= 20
+    assert sched.cache.match_prefix(tuple(range(35, 45))).matched_len == 10  # the newest stays
+    assert sched.cache.match_prefix(tuple(range(5, 15))).matched_len == 0  # the oldest went
+    while sched.has_work():
+        sched.step()
     sched.check_invariants(idle=True)
-    last = tuple(range(32, 42))
-    assert sched.cache.match_prefix(last).matched_len == 10  # the newest one is still cached
-    assert sched.cache.match_prefix(tuple(range(2, 12))).matched_len == 0  # the oldest is gone
+
+
+def test_an_idle_engine_keeps_the_last_conversation_whole():
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=4)
+    sched = _scheduler(KVHashRunner(1000), args)
+    sched.add_request(GenerateRequest("turn1", tuple(range(2, 40)), GREEDY))
+    while sched.has_work():
+        sched.step()
+    assert sched.cache.evictable_size == 38 + 7  # above the budget, yet nothing is running
 
 
 def test_the_runner_sets_the_default_budget_and_the_flag_wins():

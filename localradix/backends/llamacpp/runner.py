@@ -63,7 +63,7 @@ class LlamaCppRunner(ModelRunner):
     mixes_decode_into_prefill = True
     # Every live cell widens every step's attention (llama.cpp masks, but still walks, the
     # cells of other sequences): measured 125 -> 89 tok/s decode with 8k unrelated cells.
-    default_max_cached_tokens = 8192
+    default_max_cached_tokens = 4096
 
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         settle_openmp()
