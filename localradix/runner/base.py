@@ -126,9 +126,6 @@ class ModelRunner(ABC):
     # True when adding the running requests' decode tokens to a prefill step costs little
     # (`--mixed-prefill auto` then mixes them in rather than pausing decode for the prefill).
     mixes_decode_into_prefill: bool = False
-    # Cached-but-unused tokens worth keeping by default (None: all that fit). A runner whose
-    # steps get slower with every cached token (llama.cpp's unified cells) sets a bound.
-    default_max_cached_tokens: int | None = None
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
@@ -146,6 +143,12 @@ class ModelRunner(ABC):
         pool's frees to release the same KV at the same moment, and evicts cached prefixes
         when it runs short of something the pool does not count (llama.cpp's sequence ids).
         """
+        return None
+
+    def cache_budget(self, in_use: int) -> int | None:
+        """Cached-but-unused tokens worth keeping while `in_use` tokens run (None: all that
+        fit). A runner whose every step gets slower with each cached token (llama.cpp's
+        unified cells) bounds it; `--max-cached-tokens` overrides."""
         return None
 
     def check_kv(self, pool: KVPool) -> None:

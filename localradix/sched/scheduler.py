@@ -96,7 +96,6 @@ class Scheduler:
         self.chunked: Req | None = None
         self.in_flight: InFlight | None = None
         self.overlap = runner.overlaps
-        self.max_cached = args.max_cached_tokens or runner.default_max_cached_tokens
         self.mixed = args.mixed_prefill == "on" or (
             args.mixed_prefill == "auto" and runner.mixes_decode_into_prefill
         )
@@ -204,23 +203,27 @@ class Scheduler:
             self._read_in_flight()
         batch = self._schedule_prefill()
         batch = batch + self._schedule_mixed_decode() if batch else self._schedule_decode()
+        if batch:
+            self._trim_cache()
         launched = self._launch(batch) if batch else None
         self._read_in_flight()  # step N's tokens, read while step N+1 runs
         self.in_flight = launched
         if not self.overlap:
             self._read_in_flight()
-        if not self.idle:
-            self._trim_cache()
         if was_busy and self.idle:
             self.check_invariants(idle=True)
         return self._collect_outputs()
 
     def _trim_cache(self) -> None:
-        """Evict the least recently used cached prefixes beyond --max-cached-tokens. Only while
-        requests run: that is when a runner pays for them, and an idle engine keeps the last
-        conversation whole for its next turn."""
-        if self.max_cached is not None and self.cache.evictable_size > self.max_cached:
-            self.cache.evict(self.cache.evictable_size - self.max_cached)
+        """Evict the least recently used cached prefixes beyond the budget (--max-cached-tokens,
+        or the runner's). Only in a step that runs something, after admission and before the
+        launch: the new tokens' KV can then take the freed room (llama.cpp's cells), and an idle
+        engine keeps the last conversation whole for its next turn."""
+        cached = self.cache.evictable_size
+        in_use = self.pool.total - self.pool.available - cached
+        budget = self.args.max_cached_tokens or self.runner.cache_budget(in_use)
+        if budget is not None and cached > budget:
+            self.cache.evict(cached - budget)
 
     def check_invariants(self, idle: bool = False) -> None:
         owned = [self._owned_slots(r) for r in self._holders()]

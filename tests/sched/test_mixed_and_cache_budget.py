@@ -6,6 +6,7 @@ from __future__ import annotations
 from localradix.config import ServerArgs
 from localradix.engine.messages import GenerateRequest
 from localradix.sampling_params import SamplingParams
+from localradix.sched.scheduler import Scheduler
 
 from .test_overlap_scheduler import KVHashRunner, _scheduler
 
@@ -71,9 +72,34 @@ def test_an_idle_engine_keeps_the_last_conversation_whole():
     assert sched.cache.evictable_size == 38 + 7  # above the budget, yet nothing is running
 
 
-def test_the_runner_sets_the_default_budget_and_the_flag_wins():
-    runner = KVHashRunner(100)
-    runner.default_max_cached_tokens = 64
-    assert _scheduler(runner, ServerArgs(max_total_tokens=100)).max_cached == 64
-    args = ServerArgs(max_total_tokens=100, max_cached_tokens=32)
-    assert _scheduler(runner, args).max_cached == 32
+class BudgetRunner(KVHashRunner):
+    """Records, at every launch, the cached-but-unused and the in-use tokens of its scheduler."""
+
+    sched: Scheduler
+
+    def __init__(self, kv_capacity: int) -> None:
+        super().__init__(kv_capacity)
+        self.seen: list[tuple[int, int]] = []
+
+    def cache_budget(self, in_use: int) -> int:
+        return in_use // 4
+
+    def forward(self, batch, sampling):
+        pool, cache = self.sched.pool, self.sched.cache
+        self.seen.append((cache.evictable_size, pool.total - pool.available - cache.evictable_size))
+        return super().forward(batch, sampling)
+
+
+def test_the_runner_budget_holds_at_every_launch():
+    runner = BudgetRunner(1000)
+    sched = runner.sched = _scheduler(runner, ServerArgs(max_total_tokens=1000))
+    long = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
+    sched.add_request(GenerateRequest("long", (2, 3) * 30, long))  # 60 to 90 tokens in use
+    for i in range(3):  # each leaves 4 + 7 tokens cached
+        sched.add_request(GenerateRequest(str(i), (10 + i, 20 + i, 30 + i, 40 + i), GREEDY))
+        for _ in range(9):
+            sched.step()
+    while sched.has_work():
+        sched.step()
+    assert all(cached <= in_use // 4 for cached, in_use in runner.seen)
+    assert max(cached for cached, _ in runner.seen) > 0  # it keeps some, not nothing
