@@ -58,7 +58,7 @@ class ServerArgs:
     disable_radix_cache: bool = _opt("never reuse a cached prefix", default=False)
     max_cached_tokens: int | None = _opt(
         "most tokens the radix cache keeps that no running request uses (LRU beyond that); "
-        "default: all that fit in the pool, except on llamacpp (a quarter of the tokens in use), "
+        "default: all that fit in the pool, except on llamacpp (as many as the tokens in use), "
         "where every cached cell costs attention time in every step; enforced only while "
         "requests run",
         default=None,
