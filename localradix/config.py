@@ -57,10 +57,10 @@ class ServerArgs:
     )
     disable_radix_cache: bool = _opt("never reuse a cached prefix", default=False)
     max_cached_tokens: int | None = _opt(
-        "most tokens the radix cache keeps that no running request uses (LRU beyond that); "
-        "default: all that fit in the pool, except on llamacpp (as many as the tokens in use), "
-        "where every cached cell costs attention time in every step; enforced only while "
-        "requests run",
+        "most tokens the radix cache keeps that no running request uses (LRU beyond that), "
+        "enforced while requests run; default: all that fit in the pool. On llamacpp every "
+        "cached cell costs attention time in every step: a bound helps workloads that never "
+        "reuse a prefix and hurts multi-turn chat",
         default=None,
     )
     chunked_prefill_size: int = _opt(

@@ -126,14 +126,6 @@ class LlamaCppRunner(ModelRunner):
         pool.add_free_listener(self.seqs.release)
         self.seqs.set_evictor(evict)
 
-    def cache_budget(self, in_use: int) -> int:
-        """As many cached cells as cells in use. Every live cell widens every step's attention
-        (llama.cpp masks, but still walks, other sequences' cells): measured with 4k unrelated
-        cells, decode 109 -> 81 tok/s and prefill 258 -> 189 tok/s on the bundled model. A
-        quarter of the cells in use evicted multi-turn chats' histories between their turns
-        (chat benchmark 2.5x slower), so the cached part may match the running part."""
-        return in_use
-
     def check_kv(self, pool: KVPool) -> None:
         allocated = np.setdiff1d(np.arange(1, pool.num_slots), pool.free_slots())
         self.seqs.check(allocated)
