@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 
-def _engine_helpers():
-    """tests/engine/conftest.py, loaded by path (works with any pytest import mode)."""
-    name = "_localradix_engine_test_helpers"
+def load_test_module(relative: str):
+    """A module of tests/ (e.g. "engine/conftest.py"), loaded by path: works with any pytest
+    import mode, and with `tests/sched` shadowed by the standard library's `sched`."""
+    name = "_localradix_test_helpers_" + relative.replace("/", "_").removesuffix(".py")
     if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "engine" / "conftest.py"
+        path = Path(__file__).resolve().parent.parent / relative
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -20,7 +21,7 @@ def _engine_helpers():
     return sys.modules[name]
 
 
-_helpers = _engine_helpers()
+_helpers = load_test_module("engine/conftest.py")
 VOCAB: int = _helpers.VOCAB
 tiny_model = _helpers.tiny_model
 hf_greedy = _helpers.hf_greedy

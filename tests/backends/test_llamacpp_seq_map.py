@@ -22,7 +22,16 @@ from localradix.backends.llamacpp.seq_map import SeqMap, _runs
 from localradix.config import ServerArgs
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
 from localradix.sched.batch import ForwardBatch
-from tests.sched.test_overlap_scheduler import VOCAB, KVHashRunner, _serve, jobs
+
+from .conftest import load_test_module
+
+_overlap = load_test_module("sched/test_overlap_scheduler.py")
+VOCAB, KVHashRunner, _serve, jobs = (
+    _overlap.VOCAB,
+    _overlap.KVHashRunner,
+    _overlap._serve,
+    _overlap.jobs,
+)
 
 
 class FakeCells:
