@@ -21,13 +21,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-import httpx
 import psutil
 
-from localradix.bench.launch import free_port, localradix_env
+from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
 from localradix.loader import resolve_model
 
 TARGETS = {  # workload -> highest wall-time ratio localradix / llama-server
@@ -38,52 +36,25 @@ TARGETS = {  # workload -> highest wall-time ratio localradix / llama-server
 RSS_TARGET = 1.2
 
 
-class Server:
-    """A server process on loopback, with its peak resident memory sampled in the background."""
+class PeakRSS:
+    """The peak resident memory of a process and its children, sampled in the background."""
 
-    def __init__(self, label: str, argv: list[str], port: int, env: dict[str, str]) -> None:
-        self.label, self.port = label, port
-        self.log = Path(tempfile.mkstemp(prefix=f"bench-{label}-", suffix=".log")[1])
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        self.peak_rss = 0
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_healthy(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.label} exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise SystemExit(f"{self.label} did not become healthy in {timeout:.0f} s")
-
     def stop(self) -> None:
         self._stop.set()
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
     def _sample(self) -> None:
         while not self._stop.wait(0.1):
             try:
-                root = psutil.Process(self.proc.pid)
-                procs = [root, *root.children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in procs)
+                root = psutil.Process(self.pid)
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
             except psutil.Error:
                 continue
-            self.peak_rss = max(self.peak_rss, rss)
+            self.peak = max(self.peak, rss)
 
 
 def main() -> int:
@@ -92,39 +63,44 @@ def main() -> int:
     llama_port, radix_port = free_port(), free_port()
     llama_env = dict(os.environ)
     llama_env["LD_LIBRARY_PATH"] = str(Path(ns.llama_server).resolve().parent)
-    servers = [
-        Server(
-            "llama-server",
+    servers = {
+        "llama-server": ServerProcess(
             [ns.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(llama_port),
              "-np", str(ns.parallel), "-t", str(ns.threads), "-tb", str(ns.threads),
              "-c", str(ns.cells), "-fa", "on", "--no-webui"],
-            llama_port,
-            llama_env,
+            llama_port, ready_timeout=600, env=llama_env,
         ),
-        Server(
-            "localradix",
-            [sys.executable, "-m", "localradix", "serve", model, "--backend", "llamacpp",
-             "--host", "127.0.0.1", "--port", str(radix_port), "--threads", str(ns.threads),
-             "--max-total-tokens", str(ns.cells), "--log-level", "warning", *shlex.split(ns.server_args)],
-            radix_port,
-            localradix_env(),
+        "localradix": ServerProcess(
+            localradix_argv(
+                ("--backend", "llamacpp", "--threads", str(ns.threads), "--max-total-tokens",
+                 str(ns.cells), "--log-level", "warning", *shlex.split(ns.server_args)),
+                radix_port, model,
+            ),
+            radix_port, ready_timeout=600, env=localradix_env(),
         ),
-    ]  # fmt: skip
+    }  # fmt: skip
+    meters: dict[str, PeakRSS] = {}
     try:
-        for server in servers:
-            server.wait_healthy()
-        report = _bench(ns, servers)
+        for label, server in servers.items():
+            server.start()
+            assert server.proc is not None
+            meters[label] = PeakRSS(server.proc.pid)  # from the start: loading counts too
+        for server in servers.values():
+            server.wait_ready()
+        report = _bench(ns, {label: s.base for label, s in servers.items()})
     finally:
-        for server in servers:
-            server.stop()
-    print(_summary(report, servers))
+        for server in servers.values():
+            server.stop(keep_log=True)
+        for meter in meters.values():
+            meter.stop()
+    print(_summary(report, {label: m.peak for label, m in meters.items()}))
     return 0
 
 
-def _bench(ns: argparse.Namespace, servers: list[Server]) -> dict:
+def _bench(ns: argparse.Namespace, urls: dict[str, str]) -> dict:
     output = Path(tempfile.mkstemp(prefix="bench-llamacpp-", suffix=".json")[1])
     argv = [sys.executable, "-m", "localradix", "bench", "--no-progress",
-            "--compare", *(f"{s.label}={s.url}" for s in servers),
+            "--compare", *(f"{label}={url}" for label, url in urls.items()),
             "--baseline", "llama-server", "--workload", *ns.workloads,
             "--scale", str(ns.scale), "--concurrency", str(ns.parallel),
             "--extra-body", '{"ignore_eos": true}',  # both servers write max_tokens tokens
@@ -133,22 +109,23 @@ def _bench(ns: argparse.Namespace, servers: list[Server]) -> dict:
     return json.loads(output.read_text())
 
 
-def _summary(report: dict, servers: list[Server]) -> str:
+def _summary(report: dict, peak_rss: dict[str, int]) -> str:
     runs = {(r["workload"]["name"], r["label"]): r for r in report["runs"]}
     lines = ["", "localradix (llamacpp backend) vs llama-server: the issue's targets"]
-    single = [runs.get(("single", s.label)) for s in servers]
+    labels = list(peak_rss)  # llama-server (the baseline), then localradix
+    single = [runs.get(("single", label)) for label in labels]
     if all(single):
         rates = [1 / r["tpot_s"]["p50"] for r in single]  # type: ignore[index]
         lines.append(
             _line("single-stream decode tok/s (1 / TPOT p50)", *rates, rates[1] >= rates[0])
         )
     for name, limit in TARGETS.items():
-        pair = [runs.get((name, s.label)) for s in servers]
+        pair = [runs.get((name, label)) for label in labels]
         if all(pair):
             base, ours = (r["wall_time_s"] for r in pair)  # type: ignore[index]
             lines.append(_line(f"{name}: wall time (s), target <= {limit}x", base, ours,
                                ours <= limit * base))  # fmt: skip
-    base, ours = (s.peak_rss / 2**20 for s in servers)
+    base, ours = (peak_rss[label] / 2**20 for label in labels)
     lines.append(_line(f"peak RSS (MiB), target <= {RSS_TARGET}x", base, ours,
                        ours <= RSS_TARGET * base))  # fmt: skip
     return "\n".join(lines)

@@ -14,8 +14,7 @@ from typing import Any
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-OVERLAP_MODES = ("auto", "on", "off")
-MIXED_MODES = ("auto", "on", "off")
+AUTO_ON_OFF = ("auto", "on", "off")
 
 
 def _opt(help: str, **kw: Any) -> Any:
@@ -76,14 +75,14 @@ class ServerArgs:
         "prepare the next batch while the device runs this one: auto (on for GPU/NPU torch "
         "runners), on, off",
         default="auto",
-        choices=OVERLAP_MODES,
+        choices=AUTO_ON_OFF,
     )
     mixed_prefill: str = _opt(
         "run the decoding requests in the same step as a prefill instead of pausing them: "
         "auto (on for the llamacpp backend, where a step's cost hardly grows with a few more "
         "tokens), on, off",
         default="auto",
-        choices=MIXED_MODES,
+        choices=AUTO_ON_OFF,
     )
     decode_log_interval: int = _opt("log a decode line every N steps", default=40)
     # Server

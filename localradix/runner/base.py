@@ -145,12 +145,6 @@ class ModelRunner(ABC):
         """
         return None
 
-    def cache_budget(self, in_use: int) -> int | None:
-        """Cached-but-unused tokens worth keeping while `in_use` tokens run (None: all that
-        fit). A runner whose every step gets slower with each cached token (llama.cpp's
-        unified cells) bounds it; `--max-cached-tokens` overrides."""
-        return None
-
     def check_kv(self, pool: KVPool) -> None:
         """Assert that the runner's own KV accounting agrees with `pool` (when idle)."""
         return None

@@ -215,13 +215,11 @@ class Scheduler:
         return self._collect_outputs()
 
     def _trim_cache(self) -> None:
-        """Evict the least recently used cached prefixes beyond the budget (--max-cached-tokens,
-        or the runner's). Only in a step that runs something, after admission and before the
-        launch: the new tokens' KV can then take the freed room (llama.cpp's cells), and an idle
-        engine keeps the last conversation whole for its next turn."""
-        cached = self.cache.evictable_size
-        in_use = self.pool.total - self.pool.available - cached
-        budget = self.args.max_cached_tokens or self.runner.cache_budget(in_use)
+        """Evict the least recently used cached prefixes beyond --max-cached-tokens. Only in a
+        step that runs something, after admission and before the launch: the new tokens' KV
+        can then take the freed room (llama.cpp's cells), and an idle engine keeps the last
+        conversation whole for its next turn."""
+        budget, cached = self.args.max_cached_tokens, self.cache.evictable_size
         if budget is not None and cached > budget:
             self.cache.evict(cached - budget)
 

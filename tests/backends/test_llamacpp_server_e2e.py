@@ -9,7 +9,6 @@ server, not the backend.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ if SERVER_TESTS not in sys.path:
     sys.path.insert(0, SERVER_TESTS)
 
 if HAS_LLAMA_CPP:
+    import test_structured_e2e as structured
     from server_harness import client, model, start_server  # noqa: F401 (fixtures)
     from test_e2e_real import *  # noqa: F403  (the suite: tests and their fixtures)
     from test_structured_e2e import *  # noqa: F403
@@ -119,14 +119,7 @@ def test_a_seed_reproduces_from_the_same_cache_state(server, client, model):
 
 def test_json_object_parses_from_a_flushed_cache(server, client, model):
     _flush(server)
-    r = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "Describe a cat as a JSON object."}],
-        response_format={"type": "json_object"},
-        max_tokens=150,
-        temperature=0,
-    )
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    structured.test_json_object_parses(client, model)
 
 
 def test_the_server_runs_on_llamacpp(server):

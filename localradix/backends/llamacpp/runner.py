@@ -37,7 +37,6 @@ logger = logging.getLogger("localradix.runner")
 
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type of the K and V cache
 FLASH_ATTN_ENABLED = 1  # the CPU kernel skips other sequences' cells; the plain path does not
-DEFAULT_MAX_KV_TOKENS = 262_144
 UBATCH = 512  # llama.cpp's default physical batch
 
 
@@ -163,10 +162,10 @@ class LlamaCppRunner(ModelRunner):
         if batch.req_rows is None:
             raise ValueError("the llamacpp runner needs each request's row (ForwardBatch.req_rows)")
         seqs = np.empty(batch.num_reqs, dtype=np.int32)
+        prefixes = batch.prefix_lens
         for i in range(batch.num_reqs):
             table = batch.kv_indices[batch.kv_indptr[i] : batch.kv_indptr[i + 1]]
-            prefix = int(batch.seq_lens[i] - batch.extend_lens[i])
-            seqs[i] = self.seqs.sequence_for(int(batch.req_rows[i]), table, prefix)
+            seqs[i] = self.seqs.sequence_for(int(batch.req_rows[i]), table, int(prefixes[i]))
         return seqs
 
     def _logit_rows(self, outputs: np.ndarray) -> Any:
@@ -191,10 +190,12 @@ class LlamaCppRunner(ModelRunner):
 
     def _default_capacity(self, args: ServerArgs) -> int:
         """Cells for a few full contexts, within `--mem-fraction` of available memory."""
+        from localradix.runner.torch_runner import DEFAULT_MAX_KV_TOKENS, kv_tokens_from_memory
+
+        available = int(psutil.virtual_memory().available)
         per_cell = self._bytes_per_cell("float16")
-        from_memory = int(psutil.virtual_memory().available * args.mem_fraction) // per_cell
-        wanted = 4 * self.config.max_position_embeddings
-        return max(min(from_memory, wanted, DEFAULT_MAX_KV_TOKENS), 1024)
+        from_memory = kv_tokens_from_memory(available, args.mem_fraction, per_cell)
+        return min(from_memory, 4 * self.config.max_position_embeddings, DEFAULT_MAX_KV_TOKENS)
 
     def _context_params(self, args: ServerArgs, target: Target, max_batch: int) -> Any:
         params = self.llama.llama_context_default_params()
