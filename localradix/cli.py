@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -60,6 +61,40 @@ def setup_logging(level: str = "info") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if level.lower() != "debug":
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_hide_startup_traceback)
+
+
+def _hide_startup_traceback(record: logging.LogRecord) -> bool:
+    """Below debug, drop the ~70-line traceback uvicorn logs when the app's startup fails (an
+    unsupported architecture, a missing file): the server logs the reason in one line and exits
+    with `localradix: error: REASON`; `--log-level debug` keeps the traceback."""
+    if not record.name.startswith("uvicorn"):
+        return True
+    return "Traceback (most recent call last)" not in record.getMessage().split("\n", 1)[0]
+
+
+def namespace_shadow(folder: Path) -> Path | None:
+    """`folder/localradix` if it is a source checkout (a folder without __init__.py holding the
+    package): a script run from `folder` would import it as an empty namespace package and fail
+    with "cannot import name 'Engine' from 'localradix' (unknown location)"."""
+    clone = folder / "localradix"
+    if (clone / "localradix" / "__init__.py").is_file() and not (clone / "__init__.py").exists():
+        return clone
+    return None
+
+
+def _warn_namespace_shadow() -> None:
+    clone = namespace_shadow(Path.cwd())
+    if clone is not None:
+        print(
+            f"localradix: note: Python scripts run from {Path.cwd()} import the source checkout "
+            f"{clone} as an empty namespace package (\"cannot import name 'Engine' from "
+            "'localradix' (unknown location)\"): run them from another folder, or from inside "
+            "the checkout",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     setup_logging(getattr(ns, "log_level", "info"))
+    _warn_namespace_shadow()
     command = COMMANDS[ns.command]
     run = getattr(importlib.import_module(command.module), command.run)
     from localradix.loader.source import ModelSourceError

@@ -149,7 +149,10 @@ def _load(loop: EngineLoop, build: Callable[[], Any]) -> bool:
     try:
         loop.core = build()
     except BaseException as exc:
-        logger.error("the engine failed to load: %s", exc, exc_info=True)
+        # One line; the traceback only under --log-level debug (the API process reports it too).
+        logger.error(
+            "the engine failed to load: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG)
+        )
         loop.send("load_error", f"{type(exc).__name__}: {exc}")
         return False
     loop.send("ready", dataclasses.asdict(loop.core.info))
