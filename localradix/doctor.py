@@ -29,7 +29,7 @@ from localradix.platform import (
 MODEL_FORMATS = {"gguf": "GGUF files", "hf": "Hugging Face folders"}
 LLAMACPP_HINT = (
     "GGUF files would run dequantized on torch: for llama.cpp's quantized kernels, "
-    "pip install 'localradix[llamacpp]' (it compiles llama.cpp, ~10 minutes)"
+    "pip install llama-cpp-python (it compiles llama.cpp, ~10 minutes)"
 )
 
 KEY_PACKAGES = (

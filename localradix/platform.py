@@ -83,7 +83,7 @@ class BackendSpec:
     probe_fn: str
     create_runner_fn: str
     requires: tuple[str, ...] = ()  # modules that must be importable (checked without import)
-    install_hint: str = ""  # how to get the requirements, e.g. "pip install 'localradix[mlx]'"
+    install_hint: str = ""  # how to get the requirements, e.g. "pip install mlx"
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     default_dtype: str = "float32"
     device_types: tuple[str, ...] = ()  # `--device` prefixes that select this backend in auto

@@ -109,7 +109,7 @@ def test_no_gpu_chooses_cpu_with_reasons(machine):
     assert reasons["cuda"] == (False, "torch 2.9.0+fake is built without CUDA")
     assert reasons["rocm"] == (False, "torch 2.9.0+fake is not a ROCm (HIP) build")
     assert reasons["npu"][0] is False and "torch_npu not installed" in reasons["npu"][1]
-    assert "localradix[npu]" in reasons["npu"][1]
+    assert "pip install torch-npu" in reasons["npu"][1]
     assert reasons["mlx"][0] is False and "mlx not installed" in reasons["mlx"][1]
     assert reasons["cpu"] == (True, "always available")
     assert [s.name for s in choice.report] == ["cuda", "rocm", "npu", "llamacpp", "mlx", "cpu"]
@@ -342,12 +342,12 @@ def test_doctor_prints_hardware_backends_choice_and_packages(machine, capsys):
 def test_doctor_says_which_backend_runs_each_format_and_how_to_get_llama_cpp(machine, capsys):
     rc, out = _run_doctor(capsys)
     assert "GGUF files:           cpu: device cpu" in out
-    assert "pip install 'localradix[llamacpp]'" in out
+    assert "pip install llama-cpp-python" in out
     machine.llamacpp()
     rc, out = _run_doctor(capsys)
     assert "GGUF files:           llamacpp: device cpu, dtype float16" in out
     assert "Hugging Face folders: cpu: device cpu" in out
-    assert "pip install 'localradix[llamacpp]'" not in out
+    assert "pip install llama-cpp-python" not in out
 
 
 def test_doctor_json_and_failed_request(machine, capsys):

@@ -18,9 +18,7 @@ def plot_runs(runs: list[dict[str, Any]], path: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError(
-            "--plot needs matplotlib: pip install 'localradix[bench]' (or pip install matplotlib)"
-        ) from e
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from e
     groups = by_workload(runs)
     fig, axes = plt.subplots(
         len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False, constrained_layout=True

@@ -35,7 +35,7 @@ def choose_attention(requested: str, dtype: str, flashinfer_ok: bool) -> tuple[s
     if requested != "flashinfer":
         return requested, f"{requested} requested"
     if not flashinfer_ok:
-        return "torch_native", "flashinfer is not installed (pip install 'localradix[cuda]')"
+        return "torch_native", "flashinfer is not installed (pip install flashinfer-python)"
     if dtype not in HALF_DTYPES:
         return "torch_native", f"FlashInfer has no {dtype} kernels"
     return "flashinfer", "FlashInfer paged attention"
