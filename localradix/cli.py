@@ -97,14 +97,19 @@ def _warn_namespace_shadow() -> None:
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def with_default_command(argv: Sequence[str]) -> list[str]:
+    """A bare `localradix`, or one whose first argument is a flag, runs DEFAULT_COMMAND."""
+    argv = list(argv)
     if DEFAULT_COMMAND is not None and (
         not argv or (argv[0].startswith("-") and argv[0] not in _TOP_LEVEL_FLAGS)
     ):
         argv = [DEFAULT_COMMAND, *argv]
-    ns = parser.parse_args(argv)
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
     if ns.command is None:
         parser.print_help()
         return 0
