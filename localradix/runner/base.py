@@ -126,6 +126,10 @@ class ModelRunner(ABC):
     # True when adding the running requests' decode tokens to a prefill step costs little
     # (`--mixed-prefill auto` then mixes them in rather than pausing decode for the prefill).
     mixes_decode_into_prefill: bool = False
+    # The most cached tokens worth keeping while no running request uses them (the default of
+    # --max-cached-tokens); None = keep all that fit. Bounded where idle cached KV slows every
+    # step (llama.cpp's unified cache: each step's attention scans every live cell).
+    idle_cache_budget: int | None = None
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:

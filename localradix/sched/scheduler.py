@@ -90,6 +90,9 @@ class Scheduler:
             disable=args.disable_radix_cache,
         )
         runner.bind_kv(self.pool, self.cache.evict)
+        self.cached_budget = (
+            runner.idle_cache_budget if args.max_cached_tokens is None else args.max_cached_tokens
+        )
         self.waiting: list[Req] = []
         self.compiling: list[Req] = []  # waiting for their constraint's grammar
         self.running: list[Req] = []
@@ -219,7 +222,7 @@ class Scheduler:
         step that runs something, after admission and before the launch: the new tokens' KV
         can then take the freed room (llama.cpp's cells), and an idle engine keeps the last
         conversation whole for its next turn."""
-        budget, cached = self.args.max_cached_tokens, self.cache.evictable_size
+        budget, cached = self.cached_budget, self.cache.evictable_size
         if budget is not None and cached > budget:
             self.cache.evict(cached - budget)
 

@@ -227,3 +227,14 @@ def _llama_cells_in_use(core) -> int:
         assert free <= n_cells
     runner.seq_rm(probe, -1, -1)
     return n_cells - free
+
+
+def test_idle_cached_cells_are_bounded_by_the_models_size(model_path):
+    """Every live cell costs attention time in every step: the default --max-cached-tokens
+    keeps a few thousand idle cells for a 135M model, never more than the cache holds."""
+    with _core(model_path, max_total_tokens=32768) as core:
+        assert 2048 <= core.scheduler.cached_budget <= 8192
+    with _core(model_path, max_total_tokens=1536) as core:
+        assert core.scheduler.cached_budget == 1536
+    with _core(model_path, max_total_tokens=1536, max_cached_tokens=100) as core:
+        assert core.scheduler.cached_budget == 100

@@ -100,3 +100,12 @@ def test_the_budget_holds_at_every_launch():
         sched.step()
     assert all(cached <= 15 for cached in runner.seen)
     assert max(runner.seen) > 0  # it keeps some, not nothing
+
+
+def test_the_runner_sets_the_default_budget_and_the_flag_overrides_it():
+    runner = KVHashRunner(1000)
+    assert _scheduler(runner, ServerArgs(max_total_tokens=1000)).cached_budget is None
+    runner.idle_cache_budget = 30  # a runner whose idle cached KV slows every step
+    assert _scheduler(runner, ServerArgs(max_total_tokens=1000)).cached_budget == 30
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=500)
+    assert _scheduler(runner, args).cached_budget == 500

@@ -38,6 +38,11 @@ logger = logging.getLogger("localradix.runner")
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type of the K and V cache
 FLASH_ATTN_ENABLED = 1  # the CPU kernel skips other sequences' cells; the plain path does not
 UBATCH = 512  # llama.cpp's default physical batch
+# How many idle cached cells cost about a quarter of a token's matmul work, per unit of
+# (2 * params) / (heads * layers): every step's attention scans every live cell of the unified
+# cache, per head and layer. Measured on SmolLM2-135M with 2 threads: ~8k idle cells made an
+# 8-request decode step ~1.6x slower, so its budget is ~4k cells; an 8B model's is ~64k.
+IDLE_CELLS_PER_WORK = 1 / 244
 
 
 def create_llamacpp_runner(
@@ -82,6 +87,7 @@ class LlamaCppRunner(ModelRunner):
                 f"{self.n_seq} sequences: use at most {self.n_seq // 2 - 2}"
             )
         self.kv_capacity = args.max_total_tokens or self._default_capacity(args)
+        self.idle_cache_budget = self._idle_cache_budget()
         self.threads = args.threads or default_threads()
         max_batch = max(args.max_prefill_tokens, args.chunked_prefill_size, rows)
         self.ctx = _new_context(llama, self.model, self._context_params(args, target, max_batch))
@@ -92,13 +98,15 @@ class LlamaCppRunner(ModelRunner):
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
         logger.info(
-            "llama.cpp: %s, %d threads, KV cache %d cells (%.1f MiB, %s), %d sequence ids",
+            "llama.cpp: %s, %d threads, KV cache %d cells (%.1f MiB, %s), %d sequence ids; "
+            "keeps at most %d idle cached tokens (--max-cached-tokens)",
             _describe(llama, self.model),
             self.threads,
             self.kv_capacity,
             self.kv_capacity * self._bytes_per_cell(target.dtype) / 2**20,
             target.dtype,
             self.n_seq,
+            self.idle_cache_budget,
         )
 
     # ---- ModelRunner ---------------------------------------------------------------------
@@ -187,6 +195,14 @@ class LlamaCppRunner(ModelRunner):
         c = self.config
         width = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
         return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * width
+
+    def _idle_cache_budget(self) -> int:
+        """Idle cached cells whose attention scan costs ~1/4 of a step's matmuls (see
+        IDLE_CELLS_PER_WORK): more would slow every request more than reuse can repay."""
+        c = self.config
+        work = 2 * int(self.llama.llama_model_n_params(self.model))
+        cells = work / (c.num_attention_heads * c.num_hidden_layers) * IDLE_CELLS_PER_WORK
+        return min(self.kv_capacity, max(1024, round(cells)))
 
     def _default_capacity(self, args: ServerArgs) -> int:
         """Cells for a few full contexts, within `--mem-fraction` of available memory."""
