@@ -88,8 +88,34 @@ class ServerArgs:
     # Server
     host: str = _opt("address to bind", default="127.0.0.1")
     port: int = _opt("port to bind", default=8000)
-    api_key: str | None = _opt("require 'Authorization: Bearer KEY'", default=None)
-    cors_origins: tuple[str, ...] = _opt("allowed CORS origins (off unless given)", default=())
+    api_key: str | None = _opt(
+        "require 'Authorization: Bearer KEY' on every route but /health (visible in `ps`: "
+        "prefer --api-key-file or $LOCALRADIX_API_KEY)",
+        default=None,
+    )
+    api_key_file: str | None = _opt(
+        "read the API key from this file (default: $LOCALRADIX_API_KEY, if set)", default=None
+    )
+    cors_origins: tuple[str, ...] = _opt(
+        "web origins allowed to call the server ('*': any); CORS is off and requests with "
+        "another Origin are refused unless given",
+        default=(),
+    )
+    allowed_hosts: tuple[str, ...] = _opt(
+        "Host names a loopback server answers to besides localhost and loopback IPs ('*': "
+        "any); a guard against DNS rebinding, also enforced on other binds when given",
+        default=(),
+    )
+    no_prompt_previews: bool = _opt(
+        "never show prompt text in the stats feed (by default only authenticated or "
+        "same-machine clients see it)",
+        default=False,
+    )
+    drain_timeout: float = _opt(
+        "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they end with a "
+        "503 error (new requests get 503 at once; a second signal ends them now)",
+        default=30.0,
+    )
     max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
     tool_call_parser: str = _opt(
         "tool-call dialect for chat requests with tools: auto (detect from the chat template; "
@@ -132,8 +158,9 @@ def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     values = {k: v for k, v in vars(ns).items() if k in names}
-    if "cors_origins" in values:
-        values["cors_origins"] = tuple(values["cors_origins"] or ())
+    for f in dataclasses.fields(ServerArgs):
+        if str(f.type).startswith("tuple") and f.name in values:
+            values[f.name] = tuple(values[f.name] or ())
     return ServerArgs(**values)
 
 

@@ -70,8 +70,10 @@ class ServerProcess:
         port: int,
         ready_timeout: float = 300.0,
         env: dict[str, str] | None = None,
+        log_prefix: str = "localradix-bench-server-",
     ) -> None:
         self.argv, self.port, self.ready_timeout, self.env = argv, port, ready_timeout, env
+        self.log_prefix = log_prefix
         self.base = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
@@ -89,7 +91,7 @@ class ServerProcess:
         self.stop(keep_log=exc_type is not None)
 
     def start(self) -> None:
-        fd, path = tempfile.mkstemp(prefix="localradix-bench-server-", suffix=".log")
+        fd, path = tempfile.mkstemp(prefix=self.log_prefix, suffix=".log")
         self.log_path = Path(path)
         with os.fdopen(fd, "wb") as log:
             try:

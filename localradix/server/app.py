@@ -2,14 +2,17 @@
 
 `create_app(args)` returns the app; its startup spawns the engine process and loads the
 tokenizer (in parallel), its shutdown stops the engine. `ServerState` (at `app.state.server`)
-holds everything a route needs.
+holds everything a route needs. Who may call which route is decided in security.py.
+
+Shutdown (SIGTERM/SIGINT, see launch.py) drains: new requests get 503 with Retry-After while
+the ones in flight get up to --drain-timeout seconds; whatever still runs then ends with a
+clear 503 (an SSE error event and `[DONE]` for a stream), and only then does uvicorn stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,10 +20,7 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, MediaType, Request, Response, Router, get, post
-from litestar.config.cors import CORSConfig
-from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException
-from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.response import Stream
 from litestar.response.streaming import ASGIStreamingResponse
@@ -40,12 +40,21 @@ from localradix.server.protocol import (
     ErrorResponse,
     ModelList,
 )
+from localradix.server.security import AccessPolicy, access_middleware, resolve_api_key
 from localradix.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger("localradix.server")
 
 DEATH_GRACE_S = 2.0  # keep answering 503 this long after the engine died, then exit non-zero
 STATS_STREAM_INTERVAL_S = 0.25
+ABORT_FLUSH_S = 5.0  # after the drain deadline: time for the aborted responses to go out
+SHUTDOWN_RETRY_AFTER_S = 5
+SHUTTING_DOWN = "the server is shutting down; retry on a server that is running"
+# Prompt text in the stats feed (engine.top_prefixes / engine.recent_misses).
+PREVIEW_KEYS = {
+    "top_prefixes": ("preview", "head"),
+    "recent_misses": ("cached_text", "request_text", "before_text"),
+}
 
 
 def default_tokenizer(args: ServerArgs) -> Any:
@@ -71,8 +80,16 @@ class ServerState:
         self.startup_error: str | None = None
         self.request_exit: Callable[[], None] = lambda: None  # set by whoever runs the server
         self.is_exiting: Callable[[], bool] = lambda: False
+        self.draining = False
+        self.active = 0  # POST requests being answered (the work a shutdown drains)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stop_now = asyncio.Event()
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         tok = asyncio.ensure_future(asyncio.to_thread(self.tokenizer_factory, self.args))
         eng = asyncio.ensure_future(self.client.start())
         try:
@@ -97,11 +114,66 @@ class ServerState:
         asyncio.get_running_loop().call_later(DEATH_GRACE_S, self.request_exit)
 
     def ready_manager(self) -> TokenizerManager:
+        if self.draining:
+            raise APIError(503, SHUTTING_DOWN, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)})
         if self.manager is None or not self.client.alive:
             raise APIError(503, self.client.dead_message or "the server is still starting")
         return self.manager
 
-    def stats_payload(self) -> dict[str, Any]:
+    # ---- shutdown: drain, then stop ------------------------------------------------------
+
+    def request_shutdown(self) -> bool:
+        """From a signal handler: start the drain, or (a second signal) end it now. False
+        before the server started (the caller then exits the usual way)."""
+        if self._loop is None or self.manager is None:
+            return False
+        self._loop.call_soon_threadsafe(self._shutdown_requested)
+        return True
+
+    def _shutdown_requested(self) -> None:
+        if self._drain is None:
+            self.draining = True
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+        else:
+            self._stop_now.set()
+
+    async def _drain_then_exit(self) -> None:
+        timeout = self.args.drain_timeout
+        if self.active:
+            logger.info(
+                "shutting down: %d request(s) in flight get up to %g s to finish; new requests "
+                "get 503 (signal again to end them now)",
+                self.active,
+                timeout,
+            )
+        if not await self._until_idle(timeout, stoppable=True):
+            logger.warning("shutting down: ending %d request(s) with a 503 error", self.active)
+            self.client.stop_serving(SHUTTING_DOWN)
+            await self._until_idle(ABORT_FLUSH_S)
+        logger.info("shutting down")
+        self.request_exit()
+
+    async def _until_idle(self, timeout: float, stoppable: bool = False) -> bool:
+        waits = [asyncio.ensure_future(self._idle.wait())]
+        if stoppable:
+            waits.append(asyncio.ensure_future(self._stop_now.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self.active == 0
+
+    def enter(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+
+    def stats_payload(self, previews: bool = True) -> dict[str, Any]:
         stats = self.client.stats
         m = self.metrics
         return {
@@ -109,7 +181,8 @@ class ServerState:
             "uptime_s": time.time() - self.started,
             "engine_alive": self.client.alive,
             "engine_pid": self.client.pid,
-            "engine": stats,
+            "draining": self.draining,
+            "engine": stats if stats is None or previews else _without_previews(stats),
             "server": {
                 "in_flight": self.manager.in_flight if self.manager else 0,
                 "requests_total": sum(m.requests.values()),
@@ -127,8 +200,19 @@ class ServerState:
         }
 
 
+def _without_previews(stats: Any) -> dict[str, Any]:
+    data = msgspec.to_builtins(stats)
+    for table, keys in PREVIEW_KEYS.items():
+        data[table] = [{k: v for k, v in row.items() if k not in keys} for row in data[table]]
+    return data
+
+
 def _state(request: Request[Any, Any, Any]) -> ServerState:
     return request.app.state.server
+
+
+def _previews(request: Request[Any, Any, Any]) -> bool:
+    return bool(request.app.state.policy.shows_previews(request.scope))
 
 
 def _json(payload: Any, status: int = 200) -> Response[bytes]:
@@ -305,16 +389,17 @@ def _model_card(server: ServerState) -> dict[str, Any]:
 
 @get("/stats", summary="Engine and server statistics (JSON)")
 async def stats(request: Request[Any, Any, Any]) -> Response[Any]:
-    return _json(_state(request).stats_payload())
+    return _json(_state(request).stats_payload(_previews(request)))
 
 
 @get("/stats/stream", summary="The statistics as Server-Sent Events, about 4 per second")
 async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
     server = _state(request)
+    previews = _previews(request)
 
     async def events() -> AsyncIterator[bytes]:
         while not server.is_exiting():
-            yield serving.sse(server.stats_payload())
+            yield serving.sse(server.stats_payload(previews))
             await asyncio.sleep(STATS_STREAM_INTERVAL_S)
 
     return EventStream(events())
@@ -334,6 +419,10 @@ async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
 @get("/health", summary="200 while the engine runs, 503 otherwise")
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     server = _state(request)
+    if server.draining:
+        return error_response(
+            APIError(503, SHUTTING_DOWN, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)})
+        )
     if not server.client.alive:
         return error_response(
             APIError(503, server.client.dead_message or "the server is still starting")
@@ -349,21 +438,24 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _api_key_guard(
-    key: str,
-) -> Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], None]:
-    expected = f"Bearer {key}".encode()
+def _counting(server: ServerState) -> Callable[[Any], Any]:
+    """Middleware counting the POST requests being answered, which a shutdown drains (a
+    stream counts until its last byte is sent)."""
 
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        given = connection.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise APIError(
-                401,
-                "a valid API key is required: 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
+    def middleware(app: Any) -> Any:
+        async def counted(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            server.enter()
+            try:
+                await app(scope, receive, send)
+            finally:
+                server.leave()
 
-    return guard
+        return counted
+
+    return middleware
 
 
 def create_app(
@@ -373,7 +465,7 @@ def create_app(
     tokenizer_factory: Callable[[ServerArgs], Any] = default_tokenizer,
 ) -> Litestar:
     server = ServerState(args, core_factory, tokenizer_factory)
-    guards = [_api_key_guard(args.api_key)] if args.api_key else []
+    policy = AccessPolicy.from_args(args, resolve_api_key(args))
     v1 = Router(
         "/v1",
         route_handlers=[
@@ -385,7 +477,6 @@ def create_app(
             stats_stream,
             flush_cache,
         ],
-        guards=guards,
     )
 
     def on_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -397,10 +488,8 @@ def create_app(
         route_handlers=[v1, health, metrics],
         on_startup=[server.start],
         on_shutdown=[server.stop],
+        middleware=[access_middleware(policy, server.metrics.record_error), _counting(server)],
         exception_handlers={Exception: on_error, NotAuthorizedException: on_error},
-        cors_config=CORSConfig(allow_origins=list(args.cors_origins))
-        if args.cors_origins
-        else None,
         openapi_config=OpenAPIConfig(
             title="localradix",
             version=localradix.__version__ if hasattr(localradix, "__version__") else "0",
@@ -411,4 +500,5 @@ def create_app(
         debug=False,
     )
     app.state.server = server
+    app.state.policy = policy
     return app

@@ -179,13 +179,19 @@ class EngineClient:
 
     def _died(self, exitcode: int | None) -> None:
         reason = f": {self._fatal}" if self._fatal else ""
-        self.dead_message = (
+        message = (
             f"the engine process exited unexpectedly (exit code {exitcode}){reason}; "
             "the server is shutting down, restart it"
         )
-        logger.error("%s", self.dead_message)
+        logger.error("%s", message)
+        self.stop_serving(message)
+        for callback in self.on_death:
+            callback(message)
+
+    def stop_serving(self, message: str) -> None:
+        """End every request now (its client gets a 503 with `message`), and refuse new ones
+        with it: the engine died, or the shutdown drain ran out of time."""
+        self.dead_message = message
         for listener in list(self.listeners.values()):
             listener(None)
         self.listeners.clear()
-        for callback in self.on_death:
-            callback(self.dead_message)

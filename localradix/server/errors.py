@@ -25,6 +25,7 @@ ERROR_TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    421: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",

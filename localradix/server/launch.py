@@ -1,23 +1,32 @@
 """`localradix serve [MODEL]`: the API process (uvicorn + Litestar) and its engine process.
 
-Exit status: 0 after a clean shutdown (SIGINT/SIGTERM: in-flight requests drain for up to
-DRAIN_TIMEOUT_S, then are aborted); 1 if the model fails to load or the engine process dies.
-Only argparse and the config are imported at module level, so `--help` stays fast.
+Exit status: 0 after a clean shutdown (SIGINT/SIGTERM: in-flight requests get up to
+--drain-timeout seconds, then end with a 503 error; a second signal ends them at once); 1 if
+the port is taken, the model fails to load or the engine process dies. Only argparse and the
+config are imported at module level, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import logging
 import os
 import signal
+import socket
+import sys
 import threading
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from localradix.config import ServerArgs, add_server_args, args_from_namespace
 
-DRAIN_TIMEOUT_S = 5.0
+logger = logging.getLogger("localradix.server")
+
+MAX_DRAIN_TIMEOUT_S = 3600.0
+FINAL_FLUSH_S = 5  # uvicorn's own grace, after our drain: the last bytes of ended responses
 # Test hooks: swap the engine core and tokenizer for doubles ("module:attr").
 CORE_ENV = "LOCALRADIX_ENGINE_CORE"
 TOKENIZER_ENV = "LOCALRADIX_TOKENIZER"
@@ -43,11 +52,58 @@ def run_serve(ns: argparse.Namespace) -> int:
     return serve(args_from_namespace(ns))
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding `host:port` fails because something listens there (as uvicorn binds:
+    SO_REUSEADDR, so a socket in TIME_WAIT does not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def check_serve_args(args: ServerArgs) -> str | None:
+    """What makes these arguments unusable, in one line (checked before loading the model)."""
+    from localradix.server.security import ApiKeyError, resolve_api_key
+
+    if not 0 <= args.drain_timeout <= MAX_DRAIN_TIMEOUT_S:
+        return f"--drain-timeout must be between 0 and {MAX_DRAIN_TIMEOUT_S:.0f} seconds"
+    try:
+        resolve_api_key(args)
+    except ApiKeyError as exc:
+        return str(exc)
+    if port_in_use(args.host, args.port):
+        return (
+            f"port {args.port} on {args.host} is already in use (another localradix?); stop "
+            "what listens there or pick a free port with --port"
+        )
+    return None
+
+
 def serve(args: ServerArgs) -> int:
+    problem = check_serve_args(args)
+    if problem:
+        print(f"localradix: error: {problem}", file=sys.stderr, flush=True)
+        return 1
+    if args.api_key:
+        print(
+            "localradix: warning: --api-key is visible to other users in `ps`; prefer "
+            "--api-key-file PATH or the LOCALRADIX_API_KEY environment variable",
+            file=sys.stderr,
+            flush=True,
+        )
     import uvicorn
 
     class _Server(uvicorn.Server):
-        """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown; after ours, exit 0."""
+        """SIGINT/SIGTERM start our drain (app.py) rather than uvicorn's immediate shutdown,
+        and are not re-raised afterwards: a clean shutdown exits 0."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit or not state.request_shutdown():
+                super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -75,7 +131,7 @@ def serve(args: ServerArgs) -> int:
         port=args.port,
         log_config=None,
         access_log=args.log_level == "debug",
-        timeout_graceful_shutdown=int(DRAIN_TIMEOUT_S),
+        timeout_graceful_shutdown=FINAL_FLUSH_S,
         limit_concurrency=None,
         http=os.environ.get(HTTP_ENV, "auto"),
     )

@@ -43,6 +43,7 @@ def add_tui_parser(subparsers: Any) -> None:
         default=os.environ.get(KEY_ENV),
         help=f"bearer token, if the server requires one (default: ${KEY_ENV})",
     )
+    p.add_argument("--api-key-file", default=None, help="read the bearer token from this file")
     _add_display_args(p)
     p.set_defaults(func=run_tui)
 
@@ -59,16 +60,26 @@ def add_up_parser(subparsers: Any, name: str = "up") -> None:
     )
     add_server_args(p)
     _add_display_args(p)
-    p.set_defaults(func=run_default)
+    # None: not given, so a busy 8000 falls back to a free port; a given one is never swapped.
+    p.set_defaults(func=run_default, port=None)
 
 
 def run_tui(ns: argparse.Namespace) -> int:
     """Attach to the server at `ns.url`; returns when the user quits."""
     from localradix.tui.main import attach
 
+    api_key = getattr(ns, "api_key", None)
+    key_file = getattr(ns, "api_key_file", None)
+    if key_file and not api_key:
+        try:
+            with open(key_file, encoding="utf-8") as f:
+                api_key = f.read().strip() or None
+        except OSError as exc:
+            print(f"localradix: error: cannot read --api-key-file: {exc}", flush=True)
+            return 1
     return attach(
         url=getattr(ns, "url", None) or DEFAULT_URL,
-        api_key=getattr(ns, "api_key", None),
+        api_key=api_key,
         theme=getattr(ns, "theme", None),
     )
 

@@ -1,4 +1,9 @@
-"""Starting the dashboard: attach to a URL, or start a server first and stop it on quit."""
+"""Starting the dashboard: attach to a URL, or start a server first and stop it on quit.
+
+The server it starts listens on port 8000 unless that is busy (then on a free port, and it
+says so); a port given with --port is used or refused, never swapped. The API key reaches
+that server through its environment, never its command line (visible in `ps`).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,8 +22,18 @@ from localradix.tui.api import ApiClient
 from localradix.tui.feed import HttpFeed
 from localradix.tui.system import SystemProbe, is_local
 
-SERVER_FLAGS_OWNED = ("model", "host", "port")  # set by serve_and_attach itself
+# Set by serve_and_attach itself (the key travels in the environment, not in argv).
+SERVER_FLAGS_OWNED = ("model", "host", "port", "api_key", "api_key_file")
 LOG_FILE = Path(tempfile.gettempdir()) / "localradix-tui.log"
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+SERVER_LOG_PREFIX = "localradix-server-"
+
+logger = logging.getLogger("localradix.tui")
+
+
+class PortBusy(RuntimeError):
+    """The port the user asked for with --port is taken."""
 
 
 def make_app(url: str, api_key: str | None, *, theme: str | None = None, server: Any = None):
@@ -69,7 +85,7 @@ def serve_argv(ns: argparse.Namespace, port: int) -> list[str]:
     argv = [sys.executable, "-m", "localradix", "serve"]
     if getattr(ns, "model", None):
         argv.append(str(ns.model))
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--host", HOST, "--port", str(port)]
     for f in dataclasses.fields(ServerArgs):
         if f.name in SERVER_FLAGS_OWNED or not hasattr(ns, f.name):
             continue
@@ -87,11 +103,14 @@ def serve_argv(ns: argparse.Namespace, port: int) -> list[str]:
 
 
 class ServerHandle:
-    """A `localradix serve` subprocess started for the dashboard (pid, exit code, log file)."""
+    """A `localradix serve` subprocess started for the dashboard (pid, exit code, log file);
+    `notice` says why it is not on the default port, if it is not."""
 
-    def __init__(self, process: Any) -> None:
+    def __init__(self, process: Any, notice: str | None = None, api_key: str | None = None) -> None:
         self.process = process
         self.url = process.base
+        self.notice = notice
+        self.api_key = api_key
 
     @property
     def pid(self) -> int:
@@ -108,28 +127,69 @@ class ServerHandle:
         self.process.stop(keep_log=self.poll() not in (None, 0))
 
 
-def start_server(ns: argparse.Namespace) -> ServerHandle:
-    """Start `localradix serve` with the ServerArgs in `ns` (on a free port unless --port was
-    given) without waiting for it: the dashboard shows it loading, then attaches."""
-    from localradix.bench.launch import ServerProcess, free_port
-    from localradix.config import ServerArgs
+def choose_port(asked: int | None) -> tuple[int, str | None]:
+    """The port to serve on, and a notice when the default one was busy. A port the user
+    asked for is never swapped for another: PortBusy if it is taken."""
+    from localradix.bench.launch import free_port
+    from localradix.server.launch import port_in_use
 
-    default_port = ServerArgs().port
-    port = getattr(ns, "port", default_port)
-    port = free_port() if port == default_port else port
-    process = ServerProcess(serve_argv(ns, port), port)
+    if asked is not None:
+        if port_in_use(HOST, asked):
+            raise PortBusy(
+                f"port {asked} on {HOST} is already in use (another localradix?); stop what "
+                "listens there, or leave out --port to serve on a free port"
+            )
+        return asked, None
+    if not port_in_use(HOST, DEFAULT_PORT):
+        return DEFAULT_PORT, None
+    port = free_port(HOST)
+    return port, f"port {DEFAULT_PORT} is busy (another server?), so serving on port {port}"
+
+
+def server_api_key(ns: argparse.Namespace) -> str | None:
+    """The key the started server requires: --api-key, --api-key-file or $LOCALRADIX_API_KEY."""
+    from localradix.config import ServerArgs
+    from localradix.server.security import resolve_api_key
+
+    return resolve_api_key(
+        ServerArgs(
+            api_key=getattr(ns, "api_key", None), api_key_file=getattr(ns, "api_key_file", None)
+        )
+    )
+
+
+def start_server(ns: argparse.Namespace) -> ServerHandle:
+    """Start `localradix serve` with the ServerArgs in `ns` without waiting for it: the
+    dashboard shows it loading, then attaches. PortBusy if the --port asked for is taken."""
+    from localradix.bench.launch import ServerProcess
+    from localradix.server.security import API_KEY_ENV
+
+    port, notice = choose_port(getattr(ns, "port", None))
+    if notice:
+        logger.warning("%s", notice)
+    key = server_api_key(ns)
+    env = {**os.environ, **({API_KEY_ENV: key} if key else {})}
+    process = ServerProcess(serve_argv(ns, port), port, env=env, log_prefix=SERVER_LOG_PREFIX)
     process.start()
-    return ServerHandle(process)
+    return ServerHandle(process, notice, key)
 
 
 def serve_and_attach(ns: argparse.Namespace) -> int:
-    server = start_server(ns)
+    from localradix.server.security import ApiKeyError
+
+    try:
+        server = start_server(ns)
+    except (PortBusy, ApiKeyError) as exc:
+        print(f"localradix: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     log = server.log_path
+    if server.notice:
+        print(f"localradix: {server.notice}", flush=True)
     print(f"localradix: starting the server on {server.url} (log: {log})", flush=True)
     try:
         app = make_app(
             server.url,
-            getattr(ns, "api_key", None),
+            server.api_key,
             theme=getattr(ns, "theme", None),
             server=server,
         )

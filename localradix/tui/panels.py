@@ -66,6 +66,8 @@ class HeaderBar(Panel):
             state = "[$text-success]● live[/]"
         else:
             state = "[$text-error]○ offline[/]"
+        if view.url:  # the address actually served (not always :8000, see tui/main.py)
+            state = f"{escape(view.url.removeprefix('http://'))} {state}"
         hw = " · ".join(escape(fmt.text(m.get(k), 12)) for k in ("backend", "device", "dtype"))
         up = f"up {fmt.uptime(view.stats.uptime_s)}"
         room = width - _width(state) - 1

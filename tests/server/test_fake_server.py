@@ -476,7 +476,8 @@ def test_fake_sigterm_drains_in_flight_and_exits_zero():
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.2)
+    in_flight = lambda: httpx.get(server.base + "/stats").json()["server"]["in_flight"]  # noqa: E731
+    assert wait_until(lambda: in_flight() == 1, timeout=30)  # in flight, not merely sent
     assert server.stop(signal.SIGTERM) == 0
     t.join()
     assert result["r"].status_code == 200 and result["r"].json()["choices"][0]["text"]
@@ -484,7 +485,7 @@ def test_fake_sigterm_drains_in_flight_and_exits_zero():
 
 
 def test_fake_sigint_aborts_long_streams_after_the_drain_timeout():
-    server = start_server([], fake=True)
+    server = start_server(["--drain-timeout", "3"], fake=True)
     with httpx.stream(
         "POST",
         server.base + "/completions",
