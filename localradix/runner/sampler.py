@@ -56,7 +56,7 @@ def sample_on_device(logits: torch.Tensor, sb: SamplingBatch) -> DeviceSample:
         logits = apply_penalties(logits, sb)
     if sb.vocab_mask is not None:
         logits = apply_vocab_mask(logits, sb.vocab_mask)
-    tokens = logits.argmax(dim=-1) if sb.all_greedy else _sample_random(logits, sb)
+    tokens = _argmax(logits) if sb.all_greedy else _sample_random(logits, sb)
     k = sb.max_logprobs
     if k < 0:
         return DeviceSample(tokens)
@@ -66,6 +66,14 @@ def sample_on_device(logits: torch.Tensor, sb: SamplingBatch) -> DeviceSample:
         return DeviceSample(tokens, chosen)
     top_lp, top_ids = logprobs.topk(k, dim=-1)
     return DeviceSample(tokens, chosen, top_ids, top_lp)
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax. On the CPU numpy's is ~20x faster than torch's (96 vs 5 us for a
+    49k vocabulary, one thread): a visible share of a small model's decode step."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
 
 
 def _on(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
