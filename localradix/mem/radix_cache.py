@@ -47,6 +47,9 @@ class TreeNode:
     direct_locks: int = 0  # locks taken on exactly this node
     hit_count: int = 0
     priority: int = 0
+    # Inserted by a request that reused little of the cache (a one-off prompt), and not hit
+    # since: such prefixes go first when a cached-token budget trims (`evict(cold_only=True)`).
+    cold: bool = False
 
     def __repr__(self) -> str:
         head = self.key[:4].tolist()
@@ -133,6 +136,20 @@ class RadixCache:
         return self._protected_size
 
     @property
+    def evictable_cold_size(self) -> int:
+        """Tokens that `evict(..., cold_only=True)` can free: unlocked cold leaves and the cold
+        ancestors that only they hold up (see `TreeNode.cold`)."""
+        seen: set[TreeNode] = set()
+        for leaf in self._leaves:
+            node: TreeNode | None = leaf
+            while node is not None and node.cold and node not in seen and not node.lock_ref:
+                if any(child not in seen for child in node.children.values()):
+                    break
+                seen.add(node)
+                node = node.parent
+        return sum(len(node.key) for node in seen)
+
+    @property
     def total_size(self) -> int:
         return self._evictable_size + self._protected_size
 
@@ -149,20 +166,21 @@ class RadixCache:
     # ---- the protocol ------------------------------------------------------------------------
 
     def match_prefix(
-        self, key: Sequence[int] | np.ndarray, extra_key: str | None = None
+        self, key: Sequence[int] | np.ndarray, extra_key: str | None = None, count_hit: bool = True
     ) -> MatchResult:
         """Longest cached prefix of `key` (whole pages); splits a node the match ends inside.
 
-        Stamps access time and hit count on the matched path; takes no lock.
+        Stamps access time and (unless `count_hit` is False: a request re-finding what it just
+        inserted) a hit on the matched path; takes no lock.
         """
         raw = _as_key(key)
         if self.disable:
             return self._empty_match(raw, "disabled")
-        walk = self._walk(self._truncate(raw), extra_key, count_hit=True)
+        walk = self._walk(self._truncate(raw), extra_key, count_hit=count_hit)
         node, pos = walk.node, walk.pos
         if walk.partial is not None:
             node = self._split(walk.partial, walk.partial_len)
-            self._touch(node, count_hit=True, priority=None)
+            self._touch(node, count_hit=count_hit, priority=None)
             walk.parts.append(node.value)
             pos += walk.partial_len
         indices = np.concatenate(walk.parts) if walk.parts else _EMPTY
@@ -175,8 +193,10 @@ class RadixCache:
         indices: np.ndarray,
         extra_key: str | None = None,
         priority: int = 0,
+        cold: bool = False,
     ) -> int:
         """Cache `key[:L]` → `indices[:L]` (L = whole pages); return the already-cached length.
+        `cold`: the new tokens came from a request that reused little of the cache.
 
         The tree takes (a copy of) `indices[already:L]`; slots the caller holds for
         `[its_prefix:already]` are duplicates it must free, and it keeps `indices[L:]`.
@@ -197,7 +217,7 @@ class RadixCache:
             pos += walk.partial_len
         if pos < len(key):
             leaf = self._add_leaf(node, key[pos:].copy(), indices[pos : len(key)].copy(), extra_key)
-            leaf.priority = priority
+            leaf.priority, leaf.cold = priority, cold
         return pos
 
     def lock(self, node: TreeNode) -> None:
@@ -226,22 +246,23 @@ class RadixCache:
                 self._move_size(node, to_protected=False)
             node = node.parent  # type: ignore[assignment]
 
-    def evict(self, n_tokens: int) -> int:
-        """Free at least `n_tokens` (if possible) of unlocked leaves, by policy, to the pool.
+    def evict(self, n_tokens: int, cold_only: bool = False) -> int:
+        """Free at least `n_tokens` (if possible) of unlocked leaves, by policy, to the pool;
+        only cold ones (`TreeNode.cold`) with `cold_only`.
 
         A parent that becomes an unlocked leaf joins the candidates. Returns tokens freed.
         """
         if self.disable or n_tokens <= 0:
             return 0
         key = self.policy.key
-        heap = [(key(leaf), leaf.id, leaf) for leaf in self._leaves]
+        heap = [(key(leaf), leaf.id, leaf) for leaf in self._leaves if leaf.cold or not cold_only]
         heapq.heapify(heap)
         freed = 0
         while freed < n_tokens and heap:
             leaf = heapq.heappop(heap)[2]
             freed += len(leaf.key)
             parent = self._remove_leaf(leaf)
-            if parent in self._leaves:
+            if parent in self._leaves and (parent.cold or not cold_only):
                 heapq.heappush(heap, (key(parent), parent.id, parent))
         return freed
 
@@ -337,6 +358,7 @@ class RadixCache:
         node.last_access_time = self._clock
         if count_hit:
             node.hit_count += 1
+            node.cold = False
         if priority is not None and priority > node.priority:
             node.priority = priority
 

@@ -38,6 +38,11 @@ logger = logging.getLogger("localradix.scheduler")
 
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from init to min
+# A request that found less than half its prompt cached is likely a one-off: its prefix is
+# cached "cold", and cold prefixes beyond an eighth of --max-cached-tokens go first (a chat's
+# history, reused turn after turn, stays; a stream of unrelated prompts does not pile up).
+COLD_HIT_RATIO = 2
+COLD_SHARE = 8
 PREFIXES_REFRESH_S = 1.0  # the stats' prefix ranking walks the whole tree: at most once a second
 
 
@@ -218,12 +223,19 @@ class Scheduler:
         return self._collect_outputs()
 
     def _trim_cache(self) -> None:
-        """Evict the least recently used cached prefixes beyond --max-cached-tokens. Only in a
-        step that runs something, after admission and before the launch: the new tokens' KV
-        can then take the freed room (llama.cpp's cells), and an idle engine keeps the last
+        """Evict least recently used cached prefixes beyond the budget (--max-cached-tokens):
+        first the cold ones (one-off prompts) beyond an eighth of it, then any beyond it. Only
+        in a step that runs something, after admission and before the launch: the new tokens'
+        KV can then take the freed room (llama.cpp's cells), and an idle engine keeps the last
         conversation whole for its next turn."""
-        budget, cached = self.cached_budget, self.cache.evictable_size
-        if budget is not None and cached > budget:
+        budget = self.cached_budget
+        if budget is None:
+            return
+        cold = self.cache.evictable_cold_size
+        if cold > budget // COLD_SHARE:
+            self.cache.evict(cold - budget // COLD_SHARE, cold_only=True)
+        cached = self.cache.evictable_size
+        if cached > budget:
             self.cache.evict(cached - budget)
 
     def check_invariants(self, idle: bool = False) -> None:
@@ -584,13 +596,19 @@ class Scheduler:
             return
         assert req.row is not None
         slots = self.req_pool.table[req.row, : req.kv_len]
-        already = self.cache.insert(req.all_ids[: req.kv_len], slots.copy(), req.extra_key)
+        ids = req.all_ids[: req.kv_len]
+        already = self.cache.insert(ids, slots.copy(), req.extra_key, cold=self._is_one_off(req))
         self.pool.free(slots[req.cached_len : already])
-        match = self.cache.match_prefix(req.all_ids[: req.kv_len], extra_key=req.extra_key)
+        match = self.cache.match_prefix(ids, extra_key=req.extra_key, count_hit=False)
         self.req_pool.table[req.row, : match.matched_len] = match.indices
         self.cache.lock(match.last_node)
         self.cache.unlock(req.last_node)
         req.last_node, req.cached_len = match.last_node, match.matched_len
+
+    @staticmethod
+    def _is_one_off(req: Req) -> bool:
+        """Less than half the prompt was cached: its prefix is cached cold (see COLD_SHARE)."""
+        return req.cached_tokens * COLD_HIT_RATIO < len(req.prompt_ids)
 
     def _release(self, req: Req) -> None:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
@@ -601,7 +619,10 @@ class Scheduler:
             self.pool.free(slots)
         else:
             whole = req.kv_len // self.page * self.page  # the tree keeps whole pages only
-            already = self.cache.insert(req.all_ids[:whole], slots[:whole], req.extra_key)
+            cold = self._is_one_off(req)
+            already = self.cache.insert(
+                req.all_ids[:whole], slots[:whole], req.extra_key, cold=cold
+            )
             self.pool.free(slots[req.cached_len : already])
             self.pool.free(slots[whole:])  # the open page, reserved tail included
             self.cache.unlock(req.last_node)

@@ -339,3 +339,24 @@ def test_page_size_must_match_the_pool() -> None:
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="lru"):
         RadixCache(KVPool(4), eviction_policy="random")
+
+
+def test_cold_prefixes_are_evicted_alone_and_a_hit_warms_them(mem: MemFactory) -> None:
+    m = mem(64)
+
+    def put(key: list[int], cold: bool) -> None:
+        slots = m.pool.alloc(len(key))
+        assert slots is not None
+        m.cache.insert(np.array(key), slots, cold=cold)
+
+    put(list(range(10, 18)), cold=False)  # warm: e.g. a conversation's history
+    put(list(range(20, 28)), cold=True)  # one-off prompts
+    put(list(range(30, 38)), cold=True)
+    assert m.cache.evictable_cold_size == 16
+    m.cache.match_prefix(list(range(30, 34)))  # a hit on half of one: that half is warm now
+    assert m.cache.evictable_cold_size == 12
+    assert m.cache.evict(100, cold_only=True) == 12  # only cold leaves, never their warm parents
+    assert m.cache.match_prefix(list(range(10, 18))).matched_len == 8
+    assert m.cache.match_prefix(list(range(30, 38))).matched_len == 4
+    assert m.cache.match_prefix(list(range(20, 28))).matched_len == 0
+    m.check(idle=True)

@@ -46,8 +46,8 @@ def test_mixed_prefill_is_on_by_default_only_where_the_runner_asks():
     assert not _scheduler(runner, ServerArgs(max_total_tokens=100, mixed_prefill="off")).mixed
 
 
-def test_while_busy_cached_tokens_beyond_the_budget_go_least_recent_first():
-    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=20)
+def test_while_busy_one_off_prompts_beyond_an_eighth_of_the_budget_go_least_recent_first():
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=160)
     sched = _scheduler(KVHashRunner(1000), args)
     long = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (3, 4), long))  # keeps the engine busy
@@ -88,7 +88,7 @@ class CachedAtLaunch(KVHashRunner):
 
 def test_the_budget_holds_at_every_launch():
     runner = CachedAtLaunch(1000)
-    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=15)
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=120)  # one-offs: 15
     sched = runner.sched = _scheduler(runner, args)
     long = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (2, 3) * 30, long))  # keeps the engine busy
@@ -109,3 +109,24 @@ def test_the_runner_sets_the_default_budget_and_the_flag_overrides_it():
     assert _scheduler(runner, ServerArgs(max_total_tokens=1000)).cached_budget == 30
     args = ServerArgs(max_total_tokens=1000, max_cached_tokens=500)
     assert _scheduler(runner, args).cached_budget == 500
+
+
+def test_one_off_prompts_are_trimmed_before_a_conversation():
+    """Requests that found little cached leave cold prefixes, kept within an eighth of the
+    budget; a request that continued a cached prefix leaves a warm one, kept within all of it."""
+    sched = _scheduler(KVHashRunner(2000), ServerArgs(max_total_tokens=2000, max_cached_tokens=80))
+    long = SamplingParams(temperature=0.0, max_new_tokens=400, ignore_eos=True)
+    sched.add_request(GenerateRequest("long", (3, 4), long))  # keeps the engine busy
+    history = (46, 47, 48, 49, *range(6, 30))
+    sched.add_request(GenerateRequest("turn1", history, GREEDY))
+    while not any(out.rid == "turn1" and out.finished for out in sched.step()):
+        pass
+    turn2 = history + (2,) * 8  # the next turn at once: mostly cached
+    sched.add_request(GenerateRequest("turn2", turn2, GREEDY))
+    for i in range(4):  # one-off prompts, 10 + 8 tokens each
+        sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 5, 10 * i + 15)), GREEDY))
+        for _ in range(12):
+            sched.step()
+        assert sched.cache.evictable_cold_size <= 80 // 8
+    assert sched.cache.match_prefix(turn2).matched_len == len(turn2)  # the conversation stays
+    assert sched.cache.match_prefix(tuple(range(5, 15))).matched_len == 0  # one-offs went
