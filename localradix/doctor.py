@@ -102,7 +102,7 @@ def collect(
 def kv_pool(args: ServerArgs) -> dict[str, Any]:
     """The KV pool `serve` with these args would reserve, and why (or why it cannot tell)."""
     from localradix.loader import load_model_config, resolve_model
-    from localradix.runner.kv_budget import KVShape, default_kv_dtype, plan_kv_budget
+    from localradix.runner.kv_budget import KVShape, plan_kv_budget
 
     try:
         source = resolve_model(args.model)
@@ -114,9 +114,7 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
     free = _free_memory(target.backend, target.device)
     if free is None:
         return {**head, "error": f"sized at start from the free memory of {target.device}"}
-    dtype = target.dtype  # torch attention may keep K/V narrower than the model:
-    if target.attention_backend in ("torch_native", "flashinfer"):
-        dtype = default_kv_dtype(args.dtype, target.dtype)
+    dtype = target.cache_dtype
     shape = KVShape(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype)
     context = args.context_length or config.max_position_embeddings
     budget = plan_kv_budget(args, shape, context, free)

@@ -12,7 +12,7 @@ import torch
 from localradix.config import ServerArgs
 from localradix.runner.attention import AttentionBackend, get_attention_backend
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
-from localradix.runner.kv_budget import KVShape, default_kv_dtype, plan_kv_budget
+from localradix.runner.kv_budget import KVShape, plan_kv_budget
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.sampler import sample
 from localradix.sched.batch import ForwardBatch
@@ -40,9 +40,6 @@ def device_event(device: torch.device | str) -> Any:
     return event
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -56,13 +53,15 @@ class TorchRunner(ModelRunner):
         device: torch.device | str,
         dtype: torch.dtype,
         attention_backend: str = "torch_native",
+        *,
+        kv_dtype: torch.dtype | None = None,  # the cache's, when narrower than the model's
     ) -> None:
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.page_size = args.page_size
         backend_cls = get_attention_backend(attention_backend)
-        kv_dtype = dtype
-        if backend_cls.kv_dtype_may_differ:
-            kv_dtype = _DTYPES[default_kv_dtype(args.dtype, _name(dtype))]
+        kv_dtype = kv_dtype or dtype
+        if kv_dtype != dtype and not backend_cls.kv_dtype_may_differ:
+            raise ValueError(f"{attention_backend} attention keeps K/V in the model's dtype")
         shape = KVShape(
             config.num_hidden_layers, config.num_key_value_heads, config.head_dim, _name(kv_dtype)
         )

@@ -44,11 +44,18 @@ def test_memory_caps_the_pool_and_flags_override():
 
 
 def test_kv_dtype_is_bf16_for_an_auto_float32_model_only():
+    from localradix.platform import choose_backend, resolve_target
+
     assert default_kv_dtype("auto", "float32") == "bfloat16"
     assert default_kv_dtype("float32", "float32") == "float32"  # exact comparisons stay exact
     assert default_kv_dtype("auto", "bfloat16") == "bfloat16"
     assert default_kv_dtype("float16", "float16") == "float16"
     assert KVShape(30, 3, 64, "float32").bytes_per_token == 2 * SMOLLM.bytes_per_token
+    cpu = choose_backend("cpu")
+    auto = resolve_target(cpu, ServerArgs(backend="cpu"))
+    assert (auto.dtype, auto.cache_dtype) == ("float32", "bfloat16")
+    exact = resolve_target(cpu, ServerArgs(backend="cpu", dtype="float32"))
+    assert (exact.dtype, exact.cache_dtype) == ("float32", "float32")
 
 
 # ---- the bundled model ---------------------------------------------------------------------
@@ -75,13 +82,14 @@ def test_cpu_runner_reserves_four_contexts_in_bf16_and_logs_it(smollm, caplog):
 
     model, config, _ = smollm
     with caplog.at_level(logging.INFO, logger="localradix.runner"):
-        runner = TorchRunner(model, config, ServerArgs(), "cpu", torch.float32)
+        runner = TorchRunner(
+            model, config, ServerArgs(), "cpu", torch.float32, kv_dtype=torch.bfloat16
+        )
     assert runner.kv_capacity == 4 * 8192
     assert runner.attn.k_cache.dtype == torch.bfloat16 and model.dtype == torch.float32
     assert "KV pool: 32,768 tokens x 30 layers" in caplog.text
     assert "= 720 MiB (4 x 8,192-token context)" in caplog.text
-    exact = TorchRunner(model, config, ServerArgs(dtype="float32", max_total_tokens=64), "cpu",
-                        torch.float32)  # fmt: skip
+    exact = TorchRunner(model, config, ServerArgs(max_total_tokens=64), "cpu", torch.float32)
     assert exact.kv_capacity == 64 and exact.attn.k_cache.dtype == torch.float32
 
 
@@ -101,10 +109,9 @@ def test_bf16_kv_decodes_like_fp32_kv(smollm):
         )
     )
     runs = {}
-    for dtype in ("auto", "float32"):
-        runner = TorchRunner(
-            model, config, ServerArgs(dtype=dtype, max_total_tokens=256), "cpu", torch.float32
-        )
+    for name, kv_dtype in (("auto", torch.bfloat16), ("float32", torch.float32)):
+        args = ServerArgs(max_total_tokens=256)
+        runner = TorchRunner(model, config, args, "cpu", torch.float32, kv_dtype=kv_dtype)
         ids, new, prefix, steps = list(prompt), list(prompt), 0, []
         for _ in range(12):
             slots = np.arange(1, len(ids) + 1)
@@ -112,7 +119,7 @@ def test_bf16_kv_decodes_like_fp32_kv(smollm):
             steps.append(logits)
             prefix, new = len(ids), [int(logits.argmax())]
             ids += new
-        runs[dtype] = (ids[len(prompt) :], torch.stack(steps))
+        runs[name] = (ids[len(prompt) :], torch.stack(steps))
     (bf16_ids, bf16_logits), (fp32_ids, fp32_logits) = runs["auto"], runs["float32"]
     assert bf16_ids == fp32_ids
     assert "Paris" in tokenizer.decode(bf16_ids)
