@@ -36,7 +36,8 @@ class ServerArgs:
     backend: str = _opt("runner backend: auto, cpu, cuda, rocm, mlx, npu, llamacpp", default="auto")
     device: str | None = _opt("torch device string (default: the backend's own)", default=None)
     dtype: str = _opt(
-        "weight and activation dtype (llamacpp: the KV cache's; weights stay as stored)",
+        "weight and activation dtype (llamacpp: the KV cache's; weights stay as stored). Torch "
+        "runners keep the KV cache in bfloat16 when auto resolves to float32",
         default="auto",
         choices=DTYPES,
     )
@@ -45,9 +46,11 @@ class ServerArgs:
     )
     # Memory
     max_total_tokens: int | None = _opt(
-        "KV pool size in tokens (default: from free memory x --mem-fraction)", default=None
+        "KV pool size in tokens (default: 4 x the context length, at least 16,384, within "
+        "--mem-fraction of free memory; the log and `localradix doctor` say what was reserved)",
+        default=None,
     )
-    mem_fraction: float = _opt("fraction of free memory given to the KV pool", default=0.25)
+    mem_fraction: float = _opt("most of the free memory the default KV pool takes", default=0.25)
     page_size: int = _opt("tokens per KV page", default=1)
     # Scheduling and caching
     schedule_policy: str = _opt("waiting-queue order", default="lpm", choices=SCHEDULE_POLICIES)

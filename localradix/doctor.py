@@ -1,13 +1,15 @@
 """`localradix doctor`: what this machine has, what each backend says about it, what would run.
 
 Prints the OS, CPU and memory; every registered backend (built-in or plugin) with available /
-not available and why; the backend, device and dtype `--backend` would resolve to; and the
-installed versions of the packages that matter. Probing may import torch (unlike listing).
+not available and why; the backend, device and dtype `--backend` would resolve to; the KV pool
+`serve` would reserve for the model (the bundled one unless --model) and why; and the installed
+versions of the packages that matter. Probing may import torch (unlike listing).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import platform as pyplatform
@@ -15,6 +17,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from localradix.config import ServerArgs, add_server_args, args_from_namespace
 from localradix.platform import (
     AUTO,
     BackendError,
@@ -31,6 +34,9 @@ LLAMACPP_HINT = (
     "GGUF files would run dequantized on torch: for llama.cpp's quantized kernels, "
     "pip install llama-cpp-python (it compiles llama.cpp, ~10 minutes)"
 )
+
+# The serve flags that change the KV pool doctor reports.
+KV_FLAGS = ("model", "dtype", "context_length", "max_total_tokens", "mem_fraction")
 
 KEY_PACKAGES = (
     "localradix",
@@ -61,11 +67,14 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default=None, help="show what this --device value selects")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    others = tuple(f.name for f in dataclasses.fields(ServerArgs) if f.name not in KV_FLAGS)
+    add_server_args(parser, skip=others)
     return parser
 
 
 def run_doctor(ns: argparse.Namespace) -> int:
-    report = collect(getattr(ns, "backend", AUTO), getattr(ns, "device", None))
+    args = args_from_namespace(ns)
+    report = collect(args.backend, args.device, args)
     if getattr(ns, "json", False):
         print(json.dumps(report, indent=2))
     else:
@@ -73,8 +82,11 @@ def run_doctor(ns: argparse.Namespace) -> int:
     return 0 if report["chosen"]["backend"] else 1
 
 
-def collect(requested: str = AUTO, device: str | None = None) -> dict[str, Any]:
+def collect(
+    requested: str = AUTO, device: str | None = None, args: ServerArgs | None = None
+) -> dict[str, Any]:
     """Everything `doctor` shows, as plain data."""
+    args = (args or ServerArgs()).replace(backend=requested, device=device)
     statuses = detect_all()
     by_format = {fmt: _chosen(requested, device, fmt) for fmt in MODEL_FORMATS}
     return {
@@ -82,8 +94,54 @@ def collect(requested: str = AUTO, device: str | None = None) -> dict[str, Any]:
         "backends": [_status_dict(s) for s in statuses],
         "chosen": by_format["gguf"],  # the bundled model's format: what a bare `serve` runs
         "chosen_by_format": by_format,
+        "kv_pool": kv_pool(args),
         "packages": package_versions(),
     }
+
+
+def kv_pool(args: ServerArgs) -> dict[str, Any]:
+    """The KV pool `serve` with these args would reserve, and why (or why it cannot tell)."""
+    from localradix.loader import load_model_config, resolve_model
+    from localradix.runner.kv_budget import KVShape, plan_kv_budget
+
+    try:
+        source = resolve_model(args.model)
+        target = resolve_target(choose_backend(args.backend, args.device, source.kind), args)
+        config = load_model_config(source)
+    except Exception as exc:  # no model, no backend, an unreadable file: say so, go on
+        return {"model": args.model, "error": f"{type(exc).__name__}: {exc}"}
+    head = {"model": source.name, "backend": target.backend, "device": target.device}
+    free = _free_memory(target.backend, target.device)
+    if free is None:
+        return {**head, "error": f"sized at start from the free memory of {target.device}"}
+    dtype = target.cache_dtype
+    shape = KVShape(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype)
+    context = args.context_length or config.max_position_embeddings
+    budget = plan_kv_budget(args, shape, context, free)
+    return {
+        **head,
+        "tokens": budget.tokens,
+        "bytes": budget.bytes,
+        "dtype": dtype,
+        "reason": budget.reason,
+        "line": budget.describe(),
+        "error": None,
+    }
+
+
+def _free_memory(backend: str, device: str) -> int | None:
+    """What the runner sizes from: host RAM, or the accelerator's free memory (None: unknown)."""
+    import psutil
+
+    if backend in ("llamacpp", "mlx") or device.split(":")[0] == "cpu":
+        return int(psutil.virtual_memory().available)
+    try:
+        import torch
+
+        api: Any = getattr(torch, device.split(":")[0])
+        return int(api.mem_get_info(device)[0])
+    except Exception:  # no torch here, or a device it cannot query
+        return None
 
 
 def system_info() -> dict[str, Any]:
@@ -173,10 +231,19 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {label + ':':<22}{_choice_line(report['chosen_by_format'][fmt])}")
     if _llamacpp_missing(report):
         lines.append(f"  {LLAMACPP_HINT}")
+    lines += ["", *_kv_lines(report["kv_pool"])]
     lines += ["", "Packages"]
     for name, version in report["packages"].items():
         lines.append(f"  {name:<18} {version or '-'}")
     return "\n".join(lines)
+
+
+def _kv_lines(pool: dict[str, Any]) -> list[str]:
+    model = pool["model"] or "the bundled model"
+    if "backend" not in pool:
+        return [f"KV pool for {model}", f"  unknown: {pool['error']}"]
+    title = f"KV pool for {model} on {pool['backend']} ({pool['device']}), as serve reserves it"
+    return [title, f"  {pool['error'] or pool['line'].removeprefix('KV pool: ')}"]
 
 
 def _choice_line(chosen: dict[str, Any]) -> str:

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localradix.runner.kv_budget import default_kv_dtype
+
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
     from localradix.loader.source import ModelSource
@@ -65,6 +67,11 @@ class Target:
     device: str
     dtype: str  # "float32", "bfloat16" or "float16"
     attention_backend: str = "torch_native"  # the spec's attention kernels, by registry name
+    kv_dtype: str | None = None  # the KV cache's dtype when it differs from `dtype`
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.kv_dtype or self.dtype
 
 
 @dataclass(frozen=True)
@@ -334,7 +341,11 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
             f"backend {spec.name!r} does not support --page-size {args.page_size}; "
             f"supported: {sizes}"
         )
-    return Target(spec.name, args.device or availability.device, dtype, spec.attention_backend)
+    kv_dtype = None
+    if spec.attention_backend == "torch_native":  # the one kernel that casts K/V on the way
+        kv_dtype = default_kv_dtype(args.dtype, dtype)
+    device = args.device or availability.device
+    return Target(spec.name, device, dtype, spec.attention_backend, kv_dtype)
 
 
 def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:

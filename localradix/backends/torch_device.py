@@ -31,10 +31,14 @@ def load_torch_model(args: ServerArgs, source: ModelSource, target: Target) -> t
 
 def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
     """Load the torch model on `target.device` and wrap it in the reference `TorchRunner`."""
+    from localradix.loader import resolve_dtype
     from localradix.runner.torch_runner import TorchRunner
 
     model, config, dtype = load_torch_model(args, source, target)
-    runner = TorchRunner(model, config, args, target.device, dtype, target.attention_backend)
+    kv_dtype = resolve_dtype(target.cache_dtype)
+    runner = TorchRunner(
+        model, config, args, target.device, dtype, target.attention_backend, kv_dtype=kv_dtype
+    )
     return runner, config
 
 

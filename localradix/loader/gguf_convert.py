@@ -1,12 +1,17 @@
-"""Convert a GGUF once into a cached Hugging Face-style folder, then load that.
+"""GGUF weights for the torch runners: dequantized straight from the file, or via a cache.
 
-The cache folder (`$LOCALRADIX_CACHE_DIR` or `~/.cache/localradix`, under `gguf/<stem>-<key>`,
-key = hash of path + size + mtime + format version) holds config.json, tokenizer.json,
-tokenizer_config.json, generation_config.json and model.safetensors. The tokenizer files are
-cheap and written by whoever needs them first (the API process); the weights (dequantized, with
-llama.cpp's Q/K permutation undone) are written by the engine, streamed tensor by tensor under a
-progress bar. Every file is written to a temporary name and renamed, so concurrent processes
-never see half a file.
+Config and tokenizer files are derived once into a cache folder (`$LOCALRADIX_CACHE_DIR` or
+`~/.cache/localradix`, under `gguf/<stem>-<key>`, key = hash of path + size + mtime + format
+version): config.json, tokenizer.json, tokenizer_config.json, generation_config.json. They are
+cheap and written by whoever needs them first (the API process).
+
+The weights (dequantized, with llama.cpp's Q/K permutation undone) of models up to
+DIRECT_LOAD_MAX_PARAMS are read straight from the GGUF at every start: the bundled 135M model
+dequantizes in about a second, where a float32 copy would take 515 MB of disk. Bigger models are
+converted once into the cache folder's model.safetensors (16-bit past FLOAT32_CACHE_MAX_PARAMS),
+streamed tensor by tensor under a progress bar, since dequantizing them would slow every start.
+Every file is written to a temporary name and renamed, so concurrent processes never see half a
+file.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,8 @@ from localradix.loader.gguf_file import GGUFFile, GGUFTensor, read_gguf
 
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
+# Models up to this many parameters load straight from the GGUF (no converted copy on disk).
+DIRECT_LOAD_MAX_PARAMS = 1_000_000_000
 # Quantized tensors of models up to this many parameters are cached in float32 (exact);
 # larger ones in float16, to keep the cache (and the loading RAM) at 2 bytes per weight.
 FLOAT32_CACHE_MAX_PARAMS = 2_000_000_000
@@ -50,6 +58,20 @@ def ensure_gguf_tokenizer(gguf_path: Path) -> Path:
     if not (folder / "tokenizer.json").is_file() or not (folder / "config.json").is_file():
         _write_metadata_files(folder, read_gguf(gguf_path))
     return folder
+
+
+def needs_converted_copy(gguf_path: Path) -> bool:
+    """Whether the torch runners load this GGUF via a converted copy (big models only)."""
+    return _total_params(read_gguf(gguf_path)) > DIRECT_LOAD_MAX_PARAMS
+
+
+def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, float32 array) of every weight, dequantized from the GGUF one at a time."""
+    gguf = read_gguf(gguf_path)
+    for name, tensor in _hf_tensors(gguf):
+        array = _dequantized(gguf, name, tensor)
+        # float32 tensors come back as views of the read-only map: the model owns a copy.
+        yield name, array if array.flags.writeable else array.copy()
 
 
 def ensure_gguf_model(gguf_path: Path) -> Path:
@@ -81,10 +103,7 @@ def _write_metadata_files(folder: Path, gguf: GGUFFile) -> None:
 def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
     from tqdm import tqdm
 
-    from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, unpermute_qk
-
-    named = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
-    tensors = [(name, t) for name, t in named if name is not None]
+    tensors = _hf_tensors(gguf)
     total = sum(t.n_elements for _, t in tensors)
     plan = [(name, t, _cache_dtype(t, total)) for name, t in tensors]
     header = _safetensors_header(plan)
@@ -94,15 +113,33 @@ def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
         with open(tmp, "wb") as f, bar:
             f.write(header)
             for name, t, dtype in plan:
-                array = t.dequantize()
-                heads = qk_heads(gguf.metadata, name)
-                if heads is not None:
-                    array = unpermute_qk(array, heads)
+                array = _dequantized(gguf, name, t)
                 f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
                 bar.update(t.n_elements)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left behind when the conversion failed
+
+
+def _hf_tensors(gguf: GGUFFile) -> list[tuple[str, GGUFTensor]]:
+    """The GGUF's tensors that the model loads, under their Hugging Face names."""
+    from localradix.loader.gguf_metadata import hf_tensor_name
+
+    named = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
+    return [(name, t) for name, t in named if name is not None]
+
+
+def _total_params(gguf: GGUFFile) -> int:
+    return sum(t.n_elements for _, t in _hf_tensors(gguf))
+
+
+def _dequantized(gguf: GGUFFile, name: str, tensor: GGUFTensor) -> np.ndarray:
+    """float32, with llama.cpp's Q/K head permutation undone."""
+    from localradix.loader.gguf_metadata import qk_heads, unpermute_qk
+
+    array = tensor.dequantize()
+    heads = qk_heads(gguf.metadata, name)
+    return array if heads is None else unpermute_qk(array, heads)
 
 
 def _cache_dtype(tensor: GGUFTensor, total_params: int) -> np.dtype:

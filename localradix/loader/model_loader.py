@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from localradix.models.config import ModelConfig
 from localradix.models.registry import get_model_class
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 logger = logging.getLogger("localradix.loader")
@@ -41,10 +43,9 @@ def load_model(
     `max_positions` bounds the RoPE table (default: the config's max_position_embeddings).
     """
     from localradix.loader.dtype import resolve_dtype
-    from localradix.loader.hf import iter_weights
 
     source = _as_source(source)
-    folder = source.path if source.kind == "hf" else _converted(source.path)
+    folder, weights = _folder_and_weights(source)
     config = ModelConfig.from_hf_dict(read_config(folder))
     window = config.sliding_window
     if window is not None and window < (max_positions or config.max_position_embeddings):
@@ -56,14 +57,30 @@ def load_model(
         )
     model_class = get_model_class(config.architecture)
     model = model_class(config, resolve_dtype(dtype, device), device, max_positions)
-    model.load_weights(iter_weights(folder))
+    model.load_weights(weights)
     return model.eval(), config
 
 
-def _converted(gguf_path: Path) -> Path:
-    from localradix.loader.gguf_convert import ensure_gguf_model
+def _folder_and_weights(source: ModelSource) -> tuple[Path, Iterator[tuple[str, torch.Tensor]]]:
+    """The folder with config.json, and the weights: from the folder, or straight from a GGUF."""
+    from localradix.loader import gguf_convert as gc
+    from localradix.loader.hf import iter_weights
 
-    return ensure_gguf_model(gguf_path)
+    if source.kind == "hf":
+        return source.path, iter_weights(source.path)
+    if gc.needs_converted_copy(source.path):
+        folder = gc.ensure_gguf_model(source.path)
+        return folder, iter_weights(folder)
+    return gc.ensure_gguf_tokenizer(source.path), _from_numpy(gc.iter_gguf_weights(source.path))
+
+
+def _from_numpy(
+    weights: Iterator[tuple[str, np.ndarray]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    import torch
+
+    for name, array in weights:
+        yield name, torch.from_numpy(array)
 
 
 def _as_source(source: ModelSource | str | None) -> ModelSource:

@@ -98,6 +98,8 @@ class AttentionBackend(ABC):
 
     # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
     takes_page_size = False
+    # Whether the cache may hold another dtype than q/k/v (cast on write and read).
+    kv_dtype_may_differ = False
 
     @classmethod
     def from_model_config(

@@ -55,6 +55,8 @@ class _ExtendPlan:
 class TorchNativeAttention(AttentionBackend):
     # Most gathered decode K+V bytes per SDPA call; bigger decode batches are split.
     decode_gather_bytes = 64 * 2**20
+    # The cache may be narrower than the model (bf16 K/V for an fp32 model): cast on write/read.
+    kv_dtype_may_differ = True
 
     def __init__(
         self,
@@ -86,8 +88,8 @@ class TorchNativeAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
     ) -> torch.Tensor:
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
-        k_cache.index_copy_(0, self._out_slots, k)
-        v_cache.index_copy_(0, self._out_slots, v)
+        k_cache.index_copy_(0, self._out_slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, self._out_slots, v.to(v_cache.dtype))
         num_tokens, num_heads, head_dim = q.shape
         if len(self._decodes) == 1 and self._decodes[0].token_index is None:
             return self._attend_decode(self._decodes[0], q, k_cache, v_cache, scale)
@@ -120,8 +122,8 @@ class TorchNativeAttention(AttentionBackend):
             keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
+            keys.to(q.dtype).transpose(1, 2),
+            values.to(q.dtype).transpose(1, 2),
             attn_mask=plan.mask,
             scale=scale,
             enable_gqa=True,
@@ -142,7 +144,8 @@ class TorchNativeAttention(AttentionBackend):
         if plan.slots is None:
             keys, values = k[rows], v[rows]  # no prefix: the new tokens are the whole sequence
         else:
-            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [S, Hkv, D]
+            keys = k_cache[plan.slots].to(q.dtype)  # [S, Hkv, D]
+            values = v_cache[plan.slots].to(q.dtype)
         out = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
             keys.transpose(0, 1).unsqueeze(0),
@@ -242,16 +245,16 @@ def _cascade(
     kv_heads = k_cache.shape[1]
     grouped = q.reshape(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
     assert not isinstance(plan.slots, slice)
-    keys = k_cache[plan.slots].permute(0, 2, 1, 3)  # [B, Hkv, W, D]: each request's own part
-    values = v_cache[plan.slots].permute(0, 2, 1, 3)
+    keys = k_cache[plan.slots].to(q.dtype).permute(0, 2, 1, 3)  # [B, Hkv, W, D]: own part
+    values = v_cache[plan.slots].to(q.dtype).permute(0, 2, 1, 3)
     top, total, out = _partial(grouped, keys, values, scale, plan.mask)  # mask [B, 1, 1, W]
     out = out.float()
     for group in plan.shared:
         rows = group.rows
         members = grouped[rows]  # [b, Hkv, G, D] -> all b*G queries of a KV head in one matmul
         stacked = members.permute(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
-        shared_k = k_cache[group.slots].transpose(0, 1)  # [Hkv, L, D]
-        shared_v = v_cache[group.slots].transpose(0, 1)
+        shared_k = k_cache[group.slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        shared_v = v_cache[group.slots].to(q.dtype).transpose(0, 1)
         parts = _partial(stacked, shared_k, shared_v, scale)  # [Hkv, b*G, .] -> [b, Hkv, G, .]
         s_top, s_total, s_out = (
             t.float().reshape(kv_heads, len(rows), -1, t.shape[-1]).permute(1, 0, 2, 3)

@@ -12,19 +12,12 @@ import torch
 from localradix.config import ServerArgs
 from localradix.runner.attention import AttentionBackend, get_attention_backend
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.kv_budget import KVShape, plan_kv_budget
+from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.sampler import sample
 from localradix.sched.batch import ForwardBatch
 
 logger = logging.getLogger("localradix.runner")
-
-# The KV pool never takes more than this many tokens unless asked with --max-total-tokens:
-# a desktop default that leaves memory for everything else.
-DEFAULT_MAX_KV_TOKENS = 262_144
-
-
-def kv_tokens_from_memory(free_bytes: int, fraction: float, bytes_per_token: int) -> int:
-    """KV slots that `fraction` of `free_bytes` holds (at least 1024)."""
-    return max(int(free_bytes * fraction) // bytes_per_token, 1024)
 
 
 def free_device_memory(device: torch.device | str) -> int:
@@ -47,6 +40,10 @@ def device_event(device: torch.device | str) -> Any:
     return event
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 class TorchRunner(ModelRunner):
     def __init__(
         self,
@@ -56,32 +53,28 @@ class TorchRunner(ModelRunner):
         device: torch.device | str,
         dtype: torch.dtype,
         attention_backend: str = "torch_native",
+        *,
+        kv_dtype: torch.dtype | None = None,  # the cache's, when narrower than the model's
     ) -> None:
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.page_size = args.page_size
         backend_cls = get_attention_backend(attention_backend)
-        per_token = backend_cls.kv_bytes_per_token(
-            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype
+        kv_dtype = kv_dtype or dtype
+        if kv_dtype != dtype and not backend_cls.kv_dtype_may_differ:
+            raise ValueError(f"{attention_backend} attention keeps K/V in the model's dtype")
+        shape = KVShape(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, _name(kv_dtype)
         )
-        self.kv_capacity = args.max_total_tokens or self._capacity(per_token, args.mem_fraction)
+        context_len = args.context_length or config.max_position_embeddings
+        self.kv_budget = plan_kv_budget(args, shape, context_len, free_device_memory(device))
+        self.kv_capacity = self.kv_budget.tokens
         self.attn: AttentionBackend = backend_cls.from_model_config(
-            config, self.kv_capacity, dtype, device, page_size=self.page_size
+            config, self.kv_capacity, kv_dtype, device, page_size=self.page_size
         )
+        logger.info(self.kv_budget.describe())
         logger.info(
-            "KV cache: %d tokens (%.1f MiB, page size %d) on %s, %s, %s attention",
-            self.kv_capacity,
-            self.kv_capacity * per_token / 2**20,
-            self.page_size,
-            device,
-            str(dtype).removeprefix("torch."),
-            attention_backend,
+            "KV cache on %s: page size %d, %s attention", device, self.page_size, attention_backend
         )
-
-    def _capacity(self, bytes_per_token: int, fraction: float) -> int:
-        """KV slots from free memory; on the CPU at most a desktop default."""
-        tokens = kv_tokens_from_memory(free_device_memory(self.device), fraction, bytes_per_token)
-        on_cpu = torch.device(self.device).type == "cpu"
-        return min(tokens, DEFAULT_MAX_KV_TOKENS) if on_cpu else tokens
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from localradix.tui import KEY_ENV
+
 
 class ApiError(Exception):
     pass
@@ -31,6 +33,15 @@ class ChatUsage:
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def auth_problem(status: int, api_key: str | None) -> str | None:
+    """What to tell the user when the server answers 401/403 (None for other statuses)."""
+    if status not in (401, 403):
+        return None
+    if not api_key:
+        return f"the server needs an API key: pass --api-key / set {KEY_ENV}"
+    return f"the server refused the API key (HTTP {status}): check --api-key / {KEY_ENV}"
 
 
 def error_message(body: bytes | str) -> str:
@@ -102,6 +113,8 @@ class ApiClient:
                 r = await client.post(self.url + "/v1/cache/flush")
         except httpx.HTTPError as e:
             raise ApiError(f"flush failed: {describe_error(e)}") from e
+        if auth := auth_problem(r.status_code, self.api_key):
+            raise ApiError(f"flush failed: {auth}")
         if r.status_code == 409:
             raise ApiError(f"flush refused: {error_message(r.content)}")
         if r.status_code != 200:
@@ -131,6 +144,8 @@ class ApiClient:
         try:
             async with self._client() as client:
                 async with client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
+                    if auth := auth_problem(r.status_code, self.api_key):
+                        raise ApiError(auth)
                     if r.status_code != 200:
                         msg = error_message(await r.aread())
                         raise ApiError(f"HTTP {r.status_code}: {msg}")

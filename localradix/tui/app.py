@@ -87,6 +87,7 @@ class LocalRadixApp(App):
         self.stats, self.trends = Stats(), Trends()
         self.local_system = SystemSample(source="none")
         self.connected = self.ever_connected = self.paused = False
+        self.auth_failed = False  # the last answer was 401/403: the banner says so, and stays
         self.last_data_at: float | None = None
         self.snapshots = 0
         self._model: str | None = None
@@ -153,7 +154,7 @@ class LocalRadixApp(App):
         elif isinstance(event, Connected):
             self.on_connected()
         elif isinstance(event, Disconnected):
-            self.connected = False
+            self.connected, self.auth_failed = False, event.auth
             self.set_banner(self.disconnected_message(event))
         if isinstance(event, Snapshot):
             self.request_render()
@@ -177,10 +178,13 @@ class LocalRadixApp(App):
 
     def on_connected(self) -> None:
         self.connected = self.ever_connected = True
+        self.auth_failed = False
         dead = self.stats.engine_alive is False
         self.set_banner("⚠ the server answers but its engine is not running" if dead else "")
 
     def disconnected_message(self, event: Disconnected) -> str:
+        if event.auth:  # the server is there: "cannot reach" would send the user astray
+            return f"⚠ {self.feed.url} answered: {event.reason}"
         retry = f"retrying in {event.retry_in:.0f}s" if event.retry_in >= 1 else "retrying"
         if not self.ever_connected or self.server_exited():
             return self.waiting_message(f"{event.reason} — {retry}")
@@ -241,7 +245,7 @@ class LocalRadixApp(App):
             self.local_system = SystemSample(source="none")
         if not self.paused:
             self.status.show(self.view())
-        if self.server is not None and not self.connected:
+        if self.server is not None and not self.connected and not self.auth_failed:
             self.set_banner(self.waiting_message("not answering yet"))
 
     # -- actions ------------------------------------------------------------------------------

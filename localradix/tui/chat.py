@@ -104,7 +104,9 @@ class ChatScreen(Screen):
                 model, self.messages(), self.max_tokens
             ):
                 if isinstance(event, ChatDelta):
-                    first_at = first_at or time.monotonic()
+                    if first_at is None:
+                        first_at = time.monotonic()
+                        meta.update(f"[dim]streaming… TTFT {fmt.seconds(first_at - start)}[/]")
                     reply.append(event.text)
                     self.query_one("#turns").scroll_end(animate=False)
                 elif isinstance(event, ChatUsage):

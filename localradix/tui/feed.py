@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from localradix.tui.api import auth_headers, describe_error, error_message
+from localradix.tui.api import auth_headers, auth_problem, describe_error, error_message
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Connected:
 class Disconnected:
     reason: str
     retry_in: float
+    auth: bool = False  # the server answered, but wants a (different) API key
 
 
 FeedEvent = Snapshot | Connected | Disconnected
@@ -46,6 +47,10 @@ class Feed(Protocol):
 
 class FeedError(Exception):
     """A server that answers, but not with stats (bad status, auth)."""
+
+
+class FeedAuthError(FeedError):
+    """The server answered 401/403."""
 
 
 class HttpFeed:
@@ -78,12 +83,12 @@ class HttpFeed:
                             connected, failures = True, 0
                             yield Connected(self.url, "sse" if self.sse else "poll")
                         yield Snapshot(data)
-                    reason = "the stats stream ended"
+                    reason, auth = "the stats stream ended", False
                 except (httpx.HTTPError, FeedError, OSError) as e:
-                    reason = describe_error(e)
+                    reason, auth = describe_error(e), isinstance(e, FeedAuthError)
                 delay = self.backoff[min(failures, len(self.backoff) - 1)]
                 failures += 1
-                yield Disconnected(reason, delay)
+                yield Disconnected(reason, delay, auth)
                 await asyncio.sleep(delay)
 
     def _client(self) -> httpx.AsyncClient:
@@ -105,7 +110,7 @@ class HttpFeed:
                 async for data in self._poll(client):
                     yield data
                 return
-            await check(r)
+            await check(r, self.api_key)
             self.sse = True
             async for line in r.aiter_lines():
                 data = parse_sse_line(line)
@@ -115,7 +120,7 @@ class HttpFeed:
     async def _poll(self, client: httpx.AsyncClient) -> AsyncIterator[Any]:
         while True:
             r = await client.get(self.url + "/v1/stats")
-            await check(r)
+            await check(r, self.api_key)
             try:
                 yield r.json()
             except ValueError as e:
@@ -123,12 +128,12 @@ class HttpFeed:
             await asyncio.sleep(self.poll_interval)
 
 
-async def check(r: httpx.Response) -> None:
+async def check(r: httpx.Response, api_key: str | None = None) -> None:
     if r.status_code == 200:
         return
     body = await r.aread()
-    if r.status_code in (401, 403):
-        raise FeedError(f"HTTP {r.status_code}: unauthorized (check --api-key)")
+    if auth := auth_problem(r.status_code, api_key):
+        raise FeedAuthError(auth)
     raise FeedError(f"HTTP {r.status_code}: {error_message(body)}")
 
 

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from localradix.loader import load_model, load_model_config, load_tokenizer, resolve_model
+from localradix.loader import (
+    gguf_convert,
+    load_model,
+    load_model_config,
+    load_tokenizer,
+    resolve_model,
+)
 from localradix.loader.gguf_convert import WEIGHTS_FILE, cache_dir_for
 from localradix.runner.attention import get_attention_backend
 from localradix.sched.batch import ForwardBatch
@@ -68,9 +74,18 @@ def _logits(model: torch.nn.Module, config, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("arch", "quant"), [("llama", None), ("llama", "Q8_0"), ("qwen2", None), ("qwen3", None)]
+    ("arch", "quant", "converted"),
+    [
+        ("llama", None, False),
+        ("llama", "Q8_0", False),
+        ("llama", "Q8_0", True),
+        ("qwen2", None, False),
+        ("qwen3", None, False),
+    ],
 )
-def test_gguf_model_matches_transformers(tmp_path, cache_dir, arch, quant):
+def test_gguf_model_matches_transformers(tmp_path, cache_dir, monkeypatch, arch, quant, converted):
+    if converted:  # the path of models too big to dequantize at every start
+        monkeypatch.setattr(gguf_convert, "DIRECT_LOAD_MAX_PARAMS", 0)
     hf = _hf_model(arch)
     path = write_gguf(tmp_path / f"{arch}.gguf", hf, arch, quant)
     if quant:
@@ -82,9 +97,23 @@ def test_gguf_model_matches_transformers(tmp_path, cache_dir, arch, quant):
     with torch.inference_mode():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(_logits(model, config, ids), ref, atol=1e-4, rtol=0)
+    assert (cache_dir_for(path) / WEIGHTS_FILE).exists() == converted
 
 
-def test_conversion_is_cached_and_keyed_by_file(tmp_path, cache_dir):
+def test_small_models_leave_no_weights_on_disk(tmp_path, cache_dir):
+    path = write_gguf(tmp_path / "m.gguf", _hf_model("llama"), "llama", "Q8_0")
+    load_model(str(path), "float32")
+    files = {f.name for f in cache_dir_for(path).iterdir()}
+    assert files == {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+
+
+def test_conversion_is_cached_and_keyed_by_file(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.setattr(gguf_convert, "DIRECT_LOAD_MAX_PARAMS", 0)
     path = write_gguf(tmp_path / "m.gguf", _hf_model("llama"), "llama")
     config = load_model_config(str(path))  # metadata only: no weights converted yet
     folder = cache_dir_for(path)

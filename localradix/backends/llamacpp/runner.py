@@ -23,6 +23,7 @@ from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.kv_budget import KVBudget, KVShape, plan_kv_budget
 from localradix.sched.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ class LlamaCppRunner(ModelRunner):
                 f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
                 f"{self.n_seq} sequences: use at most {self.n_seq // 2 - 2}"
             )
-        self.kv_capacity = args.max_total_tokens or self._default_capacity(args)
+        self.kv_budget = self._kv_budget(args, target.dtype)
+        self.kv_capacity = self.kv_budget.tokens
         self.idle_cache_budget = self._idle_cache_budget()
         self.threads = args.threads or default_threads()
         max_batch = max(args.max_prefill_tokens, args.chunked_prefill_size, rows)
@@ -98,16 +100,14 @@ class LlamaCppRunner(ModelRunner):
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
         logger.info(
-            "llama.cpp: %s, %d threads, KV cache %d cells (%.1f MiB, %s), %d sequence ids; "
-            "keeps at most %d idle cached tokens (--max-cached-tokens)",
+            "llama.cpp: %s, %d threads, %d sequence ids; keeps at most %d idle cached tokens "
+            "(--max-cached-tokens)",
             _describe(llama, self.model),
             self.threads,
-            self.kv_capacity,
-            self.kv_capacity * self._bytes_per_cell(target.dtype) / 2**20,
-            target.dtype,
             self.n_seq,
             self.idle_cache_budget,
         )
+        logger.info(self.kv_budget.describe())
 
     # ---- ModelRunner ---------------------------------------------------------------------
 
@@ -191,10 +191,13 @@ class LlamaCppRunner(ModelRunner):
     def _pos_max(self, seq: int) -> int:
         return int(self.llama.llama_memory_seq_pos_max(self.memory, seq))
 
-    def _bytes_per_cell(self, dtype: str) -> int:
+    def _kv_budget(self, args: ServerArgs, dtype: str) -> KVBudget:
+        """llama.cpp's cells, sized as every backend sizes its pool (see `kv_budget`)."""
         c = self.config
-        width = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
-        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * width
+        shape = KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
+        context_len = args.context_length or c.max_position_embeddings
+        available = int(psutil.virtual_memory().available)
+        return plan_kv_budget(args, shape, context_len, available)
 
     def _idle_cache_budget(self) -> int:
         """Idle cached cells whose attention scan costs ~1/4 of a step's matmuls (see
@@ -203,15 +206,6 @@ class LlamaCppRunner(ModelRunner):
         work = 2 * int(self.llama.llama_model_n_params(self.model))
         cells = work / (c.num_attention_heads * c.num_hidden_layers) * IDLE_CELLS_PER_WORK
         return min(self.kv_capacity, max(1024, round(cells)))
-
-    def _default_capacity(self, args: ServerArgs) -> int:
-        """Cells for a few full contexts, within `--mem-fraction` of available memory."""
-        from localradix.runner.torch_runner import DEFAULT_MAX_KV_TOKENS, kv_tokens_from_memory
-
-        available = int(psutil.virtual_memory().available)
-        per_cell = self._bytes_per_cell("float16")
-        from_memory = kv_tokens_from_memory(available, args.mem_fraction, per_cell)
-        return min(from_memory, 4 * self.config.max_position_embeddings, DEFAULT_MAX_KV_TOKENS)
 
     def _context_params(self, args: ServerArgs, target: Target, max_batch: int) -> Any:
         params = self.llama.llama_context_default_params()

@@ -22,6 +22,7 @@ from localradix.backends.mlx.weights import load_weights
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
 from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.kv_budget import KVShape, plan_kv_budget
 from localradix.sched.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("localradix.runner")
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-# Same desktop default as the torch runner: the pool never takes more unless asked.
-DEFAULT_MAX_KV_TOKENS = 262_144
 
 
 def create_mlx_runner(
@@ -55,10 +54,13 @@ class MLXRunner(ModelRunner):
     ) -> None:
         self.model, self.config, self.device = model, config, device
         self.dtype = model.dtype
-        bytes_per_token = MLXPagedAttention.bytes_per_token(
-            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.dtype.size
+        shape = KVShape(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, _name(self.dtype)
         )
-        self.kv_capacity = args.max_total_tokens or _capacity(bytes_per_token, args.mem_fraction)
+        context_len = args.context_length or config.max_position_embeddings
+        available = int(psutil.virtual_memory().available)  # unified memory
+        self.kv_budget = plan_kv_budget(args, shape, context_len, available)
+        self.kv_capacity = self.kv_budget.tokens
         with mx.stream(device):
             self.attn = MLXPagedAttention(
                 config.num_hidden_layers,
@@ -67,13 +69,7 @@ class MLXRunner(ModelRunner):
                 self.kv_capacity,
                 self.dtype,
             )
-        logger.info(
-            "KV cache: %d tokens (%.1f MiB) in MLX arrays on %s, %s",
-            self.kv_capacity,
-            self.kv_capacity * bytes_per_token / 2**20,
-            device,
-            self.dtype,
-        )
+        logger.info("%s; MLX arrays on %s", self.kv_budget.describe(), device)
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         with mx.stream(self.device):
@@ -87,7 +83,5 @@ class MLXRunner(ModelRunner):
             return sample(logits, sampling)
 
 
-def _capacity(bytes_per_token: int, fraction: float) -> int:
-    """KV tokens that fit in `fraction` of the available (unified) memory, clamped."""
-    tokens = int(psutil.virtual_memory().available * fraction) // bytes_per_token
-    return max(min(tokens, DEFAULT_MAX_KV_TOKENS), 1024)
+def _name(dtype: mx.Dtype) -> str:
+    return next(name for name, value in DTYPES.items() if value == dtype)
