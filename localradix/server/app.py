@@ -441,5 +441,5 @@ def create_app(
     )
     app.state.server = server
     # The OpenAPI document is built once and cached: publish msgspec's request schemas in it.
-    app.openapi_schema.components.schemas.update(request_schemas())  # type: ignore[arg-type]
+    app.openapi_schema.components.schemas.update(request_schemas())
     return app

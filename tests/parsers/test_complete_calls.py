@@ -119,4 +119,3 @@ def test_property_stream_and_parse_always_agree(
 ) -> None:
     text = data.draw(noise | mutated(dialect))
     check_agrees(dialect, text, _chunks(text, [c for c in cuts if c <= len(text)]))
-
