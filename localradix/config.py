@@ -120,6 +120,18 @@ class ServerArgs:
         default=30.0,
     )
     max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
+    default_max_tokens: int = _opt(
+        "output cap in tokens for chat and completion requests that omit max_tokens (a reply "
+        "it cuts ends with finish_reason 'length'); 0 = no cap: run to the context length, "
+        "as OpenAI does",
+        default=1024,
+    )
+    grammar_compile_timeout: float = _opt(
+        "seconds a structured-output or forced-tool-call grammar may take to compile before "
+        "its request gets a 400 (grammars compile beside the engine loop and never delay "
+        "other requests)",
+        default=10.0,
+    )
     tool_call_parser: str = _opt(
         "tool-call dialect for chat requests with tools: auto (detect from the chat template; "
         "hermes when nothing is detected), none (never parse tool calls), hermes, llama3, "

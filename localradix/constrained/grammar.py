@@ -1,8 +1,13 @@
-"""Compile constraints into grammars (in a worker thread, cached) and track each request's state.
+"""Compile constraints into grammars (in worker threads, cached) and track each request's state.
 
 The scheduler sees only `GrammarService.submit` (a future) and `GrammarState` (fill a bitmask
 row, accept a token); xgrammar stays behind this module. Bitmasks are int32 numpy arrays in
 xgrammar's layout: bit j of word w allows token 32 * w + j.
+
+Compiles run in daemon threads, a few at once (xgrammar releases the GIL while it compiles), so
+one slow grammar (a deeply nested schema) delays neither the engine loop nor other grammars. A
+compile that runs past the time limit fails its future with InvalidGrammar (a 400) and that
+failure is cached; the thread cannot be stopped and finishes in the background.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import json
 import logging
 import re
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
@@ -22,6 +27,8 @@ logger = logging.getLogger("localradix.grammar")
 
 # Compiled grammars (and compile errors) kept for reuse, keyed by (kind, spec).
 CACHE_ENTRIES = 256
+COMPILE_THREADS = 4  # compiles running at once; more wait for a free one
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 
 # Starts the engine's error message for a constraint that does not compile, so the server can
@@ -65,11 +72,18 @@ class GrammarState:
 class GrammarService:
     """Compiles constraints for one tokenizer; each distinct constraint compiles once."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
+    ) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
+        self._timeout = compile_timeout
         self._compiler: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._compiler_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(COMPILE_THREADS)
         self._cache: dict[tuple[str, str], Future[Any]] = {}
         self._lock = threading.Lock()
 
@@ -83,10 +97,14 @@ class GrammarService:
         with self._lock:
             future = self._cache.get(key)
             if future is None:
-                future = self._pool.submit(self._compile, constraint)
+                future = Future()
                 self._cache[key] = future
                 while len(self._cache) > CACHE_ENTRIES:
                     self._cache.pop(next(iter(self._cache)))
+                thread = threading.Thread(
+                    target=self._run, args=(constraint, future), name="grammar", daemon=True
+                )
+                thread.start()
             return future
 
     def new_state(self, compiled: Any) -> GrammarState:
@@ -94,8 +112,36 @@ class GrammarService:
 
         return GrammarState(xgr.GrammarMatcher(compiled))
 
-    def _compile(self, constraint: Constraint) -> Any:
-        compiler = self._ensure_compiler()
+    def _run(self, constraint: Constraint, future: Future[Any]) -> None:
+        """Compile into `future`, failing it at the time limit. The limit starts once the
+        compiler exists (building it is a one-time cost, not the grammar's)."""
+        try:
+            compiler = self._ensure_compiler()
+        except Exception as exc:  # e.g. a tokenizer xgrammar cannot read
+            logger.exception("building the grammar compiler failed")
+            _settle(future, error=InvalidGrammar(f"the grammar compiler failed: {exc}"))
+            return
+        timer = threading.Timer(self._timeout, self._expire, (future, constraint))
+        timer.daemon = True
+        timer.start()
+        try:
+            with self._slots:
+                _settle(future, result=self._compile(compiler, constraint))
+        except InvalidGrammar as exc:
+            _settle(future, error=exc)
+        finally:
+            timer.cancel()
+
+    def _expire(self, future: Future[Any], constraint: Constraint) -> None:
+        limit = f"{self._timeout:g}"
+        logger.warning("a %s grammar took over %s s to compile: refused", constraint.kind, limit)
+        why = (
+            f"the {constraint.kind} took longer than {limit} s to compile (the server's "
+            "--grammar-compile-timeout); simplify it, e.g. fewer nested or repeated parts"
+        )
+        _settle(future, error=InvalidGrammar(why))
+
+    def _compile(self, compiler: Any, constraint: Constraint) -> Any:
         try:
             return _COMPILERS[constraint.kind](compiler, constraint.spec)
         except KeyError:
@@ -106,14 +152,15 @@ class GrammarService:
             raise InvalidGrammar(f"invalid {constraint.kind}: {_first_line(exc)}") from exc
 
     def _ensure_compiler(self) -> Any:
-        if self._compiler is None:
-            import xgrammar as xgr
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
 
-            info = xgr.TokenizerInfo.from_vocab_and_metadata(
-                self._encoded_vocab(), json.dumps(self._metadata())
-            )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        return self._compiler
+                info = xgr.TokenizerInfo.from_vocab_and_metadata(
+                    self._encoded_vocab(), json.dumps(self._metadata())
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
 
     def _encoded_vocab(self) -> list[bytes | str]:
         tokens = self._tokenizer.convert_ids_to_tokens(range(self._vocab_size))
@@ -131,6 +178,17 @@ class GrammarService:
             "add_prefix_space": detected.get("add_prefix_space", False),
             "stop_token_ids": list(self._tokenizer.eos_token_ids),
         }
+
+
+def _settle(future: Future[Any], result: Any = None, error: Exception | None = None) -> None:
+    """Complete `future` unless the timer (or the compile) already did."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _json_schema(compiler: Any, spec: str) -> Any:

@@ -51,7 +51,7 @@ class EngineCore:
             eos_token_ids=eos,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             vocab_size=config.vocab_size,
-            grammar=_grammar_service(self.tokenizer, config.vocab_size),
+            grammar=_grammar_service(self.tokenizer, config.vocab_size, args),
         )
         self.info = ModelInfo(
             name=args.served_model_name or source.name,
@@ -109,7 +109,7 @@ def _with_overlap(runner: Any, args: ServerArgs, device: str, backend: str) -> A
     return OverlapRunner(runner, capacity=4 * (args.max_running_requests + 1))
 
 
-def _grammar_service(tokenizer: Any, vocab_size: int) -> Any:
+def _grammar_service(tokenizer: Any, vocab_size: int, args: ServerArgs) -> Any:
     """xgrammar-backed constrained decoding, or None (requests with a constraint get an error)."""
     import importlib.util
 
@@ -118,4 +118,4 @@ def _grammar_service(tokenizer: Any, vocab_size: int) -> Any:
         return None
     from localradix.constrained.grammar import GrammarService
 
-    return GrammarService(tokenizer, vocab_size)
+    return GrammarService(tokenizer, vocab_size, args.grammar_compile_timeout)

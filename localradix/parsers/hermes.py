@@ -1,7 +1,8 @@
 """Hermes / Qwen dialect: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
 
 Used by Qwen2.5, Qwen3, QwQ, Hermes 2 Pro / 3 and many fine-tunes. Each `<tool_call>` block holds
-one JSON object; several blocks make parallel calls. A missing `</tool_call>` is tolerated.
+one JSON object; several blocks make parallel calls. A missing or cut-off `</tool_call>` is
+tolerated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class HermesToolParser(ToolCallStreamParser):
             return False
         if self._buf.startswith(END):
             self._take(region, len(END))
-        elif END.startswith(self._buf) and not final:
-            return False
+        elif END.startswith(self._buf):  # the closing tag, or its start cut off by the end
+            if not final:
+                return False
+            self._take(region, len(self._buf))
         return self._close(region, ok=True)

@@ -45,7 +45,9 @@ class ParsedChatOutput:
 class ChatOutputParser:
     """Streaming: `feed(delta) -> list[ChatDelta]`, then `finish()`.
 
-    Deltas come out in output order; neighbours of one kind are merged. `starts_in_reasoning`
+    Deltas come out in output order; neighbours of one kind are merged. `complete_calls`: see
+    `ToolCallStreamParser` (each call sent whole once complete, incomplete ones dropped).
+    `starts_in_reasoning`
     None takes the reasoning dialect's default (better: pass
     `get_reasoning_parser(name).prompt_opens_reasoning(prompt_text)`).
     """
@@ -58,13 +60,15 @@ class ChatOutputParser:
         starts_in_reasoning: bool | None = None,
         tool_names: Collection[str] | None = None,
         id_factory: IdFactory | None = None,
+        complete_calls: bool = False,
     ) -> None:
         self._reasoning: ReasoningStreamParser | None = None
         if reasoning_parser is not None:
             self._reasoning = get_reasoning_parser(reasoning_parser).parser(starts_in_reasoning)
         self._tools: ToolCallStreamParser | None = None
         if tool_parser is not None:
-            self._tools = get_tool_parser(tool_parser)(tool_names, id_factory)
+            cls = get_tool_parser(tool_parser)
+            self._tools = cls(tool_names, id_factory, complete_calls=complete_calls)
 
     def feed(self, text: str) -> list[ChatDelta]:
         if self._reasoning is None:
@@ -99,6 +103,7 @@ def parse_chat_output(
     starts_in_reasoning: bool | None = None,
     tool_names: Collection[str] | None = None,
     id_factory: IdFactory | None = None,
+    complete_calls: bool = False,
 ) -> ParsedChatOutput:
     """The non-streamed counterpart of `ChatOutputParser`. Never raises on model output."""
     reasoning, content = None, text
@@ -106,5 +111,7 @@ def parse_chat_output(
         reasoning, content = get_reasoning_parser(reasoning_parser).split(text, starts_in_reasoning)
     if tool_parser is None:
         return ParsedChatOutput(reasoning, content)
-    parsed = get_tool_parser(tool_parser).parse(content, tool_names, id_factory)
+    parsed = get_tool_parser(tool_parser).parse(
+        content, tool_names, id_factory, complete_calls=complete_calls
+    )
     return ParsedChatOutput(reasoning, parsed.content, parsed.calls)

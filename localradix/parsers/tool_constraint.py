@@ -4,7 +4,9 @@ The result is an xgrammar structural tag (`Constraint("structural_tag", spec)`):
 be exactly the chosen dialect's wire format for one call (or, for "required" with
 `parallel_tool_calls`, one or more), each call's arguments matching that function's
 `parameters` JSON schema (xgrammar strict mode: no properties beyond the schema's), and nothing
-after the last call but the end of sequence. Formats per dialect (NAME is JSON-escaped):
+after the last call but one optional newline and the end of sequence: a model may stop after
+any complete call, also where it writes the newline that would begin another one. Formats per
+dialect (NAME is JSON-escaped):
 
 - hermes:      `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`, joined by "\\n"
 - llama3:      `{"name": "NAME", "parameters": ARGS}`, joined by "; "
@@ -67,7 +69,7 @@ def tool_call_constraint(
     if dialect not in _DIALECTS:
         raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
     args = _ArgsFormat(max_whitespace)
-    fmt = _DIALECTS[dialect](chosen, many, args)
+    fmt = _seq(_DIALECTS[dialect](chosen, many, args), _optional(_const("\n")))  # then EOS
     if reasoning is not None:
         fmt = _seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))

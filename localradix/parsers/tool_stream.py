@@ -15,6 +15,11 @@ its arguments then stream as they arrive, validated character by character.
 `parse(text)` runs the same machine over the whole text and then puts back, as content, every
 region whose calls did not all complete (a committed call cut off by the end of the output or
 by invalid JSON): what the stream already sent as that call is the one place the two differ.
+
+With `complete_calls` (what the server uses) the stream holds each call back until its
+arguments are complete and then sends it as one delta, and a call that never completes (cut off
+by the end of the output, e.g. by max_tokens, or broken by invalid JSON) is dropped: it is
+neither a call nor content, in the stream and in `parse()` alike, so the two always agree.
 """
 
 from __future__ import annotations
@@ -59,12 +64,17 @@ class _Args:
 
 
 @dataclass
+class _CallEnd:
+    index: int
+
+
+@dataclass
 class _Close:
     ok: bool  # every committed call in the region completed
     raw: str  # the region's text, marker included
 
 
-_Item = _Text | _CallStart | _Args | _Close
+_Item = _Text | _CallStart | _Args | _CallEnd | _Close
 
 
 @dataclass
@@ -85,6 +95,7 @@ class ToolCallStreamParser:
     """Feed text deltas, get content and tool-call deltas; subclasses are the dialects.
 
     `tool_names`, when given, are the only names accepted as calls (others stay content).
+    `complete_calls`: send only complete calls, each in one delta; drop the others (see above).
     """
 
     name = ""
@@ -92,10 +103,16 @@ class ToolCallStreamParser:
     default_id_factory: IdFactory = staticmethod(new_call_id)
 
     def __init__(
-        self, tool_names: Collection[str] | None = None, id_factory: IdFactory | None = None
+        self,
+        tool_names: Collection[str] | None = None,
+        id_factory: IdFactory | None = None,
+        *,
+        complete_calls: bool = False,
     ) -> None:
         self._tool_names = frozenset(tool_names) if tool_names is not None else None
         self._new_id = id_factory or type(self).default_id_factory
+        self._complete_calls = complete_calls
+        self._held: list[StreamEvent] = []  # with complete_calls: the open call's deltas
         self._buf = ""
         self._items: list[_Item] = []
         self._ws = ""  # whitespace held until what follows decides content or gap
@@ -116,7 +133,8 @@ class ToolCallStreamParser:
         return self._drain()
 
     def finish(self) -> list[StreamEvent]:
-        """End of output: flush held text; an unfinished call stays as sent."""
+        """End of output: flush held text; an unfinished call stays as sent (or, with
+        `complete_calls`, is dropped)."""
         if not self._finished:
             self._finished = True
             self._run(final=True)
@@ -129,14 +147,16 @@ class ToolCallStreamParser:
         text: str,
         tool_names: Collection[str] | None = None,
         id_factory: IdFactory | None = None,
+        *,
+        complete_calls: bool = False,
     ) -> ParsedToolCalls:
         """A whole output: its content and its well-formed calls. Never raises."""
-        parser = cls(tool_names, id_factory)
+        parser = cls(tool_names, id_factory, complete_calls=complete_calls)
         parser._buf = text
         parser._finished = True
         parser._run(final=True)
         parser._resolve_ws(gap=parser._ws_gap)
-        return _assemble(parser._items)
+        return _assemble(parser._items, complete_calls)
 
     # ---- dialect hooks -------------------------------------------------------------------
 
@@ -189,7 +209,11 @@ class ToolCallStreamParser:
             self._buf = buf[index + len(marker) :]
             self._region = Region(marker=marker, raw=marker, call_start=len(marker))
             return True
-        keep = 0 if final else held_suffix_len(buf, self.markers)
+        keep = held_suffix_len(buf, self.markers)
+        if final:  # with complete_calls, a marker cut off by the end of the output is dropped
+            self._emit_content(buf[: len(buf) - keep] if self._complete_calls else buf)
+            self._buf = ""
+            return True
         if keep == len(buf):
             return False
         self._emit_content(buf[: len(buf) - keep])
@@ -198,14 +222,22 @@ class ToolCallStreamParser:
 
     def _drain(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []
+        held = self._held if self._complete_calls else events
         for item in self._items:
             if isinstance(item, _Text):
                 if not item.gap:
                     events.append(ContentDelta(item.text))
             elif isinstance(item, _CallStart):
-                events.append(ToolCallDelta(item.index, item.id, item.name, ""))
+                held.append(ToolCallDelta(item.index, item.id, item.name, ""))
             elif isinstance(item, _Args):
-                events.append(ToolCallDelta(item.index, arguments=item.text))
+                held.append(ToolCallDelta(item.index, arguments=item.text))
+            elif not self._complete_calls:
+                continue
+            elif isinstance(item, _CallEnd):
+                events.extend(coalesce(held))  # the call is complete: send it whole
+                held.clear()
+            elif not item.ok:
+                held.clear()  # the region's open call never completed: drop it
         self._items.clear()
         return coalesce(events)
 
@@ -265,6 +297,8 @@ class ToolCallStreamParser:
             self._items.append(_Args(index, text))
 
     def _call_done(self, region: Region) -> None:
+        if region.open_call is not None:
+            self._items.append(_CallEnd(region.open_call))
         region.open_call = None
         region.obj = None
 
@@ -291,6 +325,8 @@ class ToolCallStreamParser:
         """End of output inside a region."""
         if region.open_call is not None:
             self._close(region, ok=False)
+        elif self._complete_calls and (region.state == "call" or region.calls == 0):
+            self._close(region, ok=False)  # a call cut off before its name: dropped too
         elif region.state == "call" or region.calls == 0:  # a call was being read
             self._reject_call(region)
         else:
@@ -347,10 +383,12 @@ def _find_marker(buf: str, markers: tuple[str, ...]) -> tuple[int, str]:
     return best, found
 
 
-def _assemble(items: list[_Item]) -> ParsedToolCalls:
-    """Non-streaming result: failed regions back to raw text; gaps next to calls dropped."""
+def _assemble(items: list[_Item], complete_calls: bool = False) -> ParsedToolCalls:
+    """Non-streaming result: failed regions back to raw text (with `complete_calls`: their
+    complete calls kept, the rest dropped); gaps next to calls dropped."""
     segments: list[tuple[str, object]] = []
     pending: list[list[str]] = []  # [id, name, arguments] of the open region's calls
+    complete = 0  # how many of them completed
     for item in items:
         if isinstance(item, _Text):
             segments.append(("gap" if item.gap else "text", item.text))
@@ -358,12 +396,15 @@ def _assemble(items: list[_Item]) -> ParsedToolCalls:
             pending.append([item.id, item.name, ""])
         elif isinstance(item, _Args):
             pending[-1][2] += item.text
+        elif isinstance(item, _CallEnd):
+            complete += 1
         else:
-            if item.ok:
-                segments.append(("calls", [ToolCall(*call) for call in pending]))
+            if item.ok or complete_calls:
+                kept = pending if item.ok else pending[:complete]
+                segments.append(("calls", [ToolCall(*call) for call in kept]))
             else:
                 segments.append(("text", item.raw))
-            pending = []
+            pending, complete = [], 0
     content: list[str] = []
     calls: list[ToolCall] = []
     for i, (kind, value) in enumerate(segments):

@@ -38,7 +38,9 @@ from localradix.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
+    ModelCard,
     ModelList,
+    request_schemas,
 )
 from localradix.server.security import AccessPolicy, access_middleware, resolve_api_key
 from localradix.server.tokenizer_manager import TokenizerManager
@@ -293,11 +295,17 @@ async def _constraint_compiled(job: Any) -> None:
         await job.first_output()
 
 
+# Every status a route can answer is declared, so the published schema holds no surprises.
+_AUTH = {401: ResponseSpec(ErrorResponse, description="Missing or wrong API key (--api-key)")}
+_UNAVAILABLE = {503: ResponseSpec(ErrorResponse, description="Engine unavailable")}
+_UNKNOWN_MODEL = {404: ResponseSpec(ErrorResponse, description="Unknown model")}
 _ERRORS = {
     400: ResponseSpec(ErrorResponse, description="Invalid request"),
-    404: ResponseSpec(ErrorResponse, description="Unknown model"),
+    **_AUTH,
+    **_UNKNOWN_MODEL,
+    413: ResponseSpec(ErrorResponse, description="Request body too large"),
     429: ResponseSpec(ErrorResponse, description="Queue full (see Retry-After)"),
-    503: ResponseSpec(ErrorResponse, description="Engine unavailable"),
+    **_UNAVAILABLE,
 }
 
 
@@ -355,12 +363,20 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return _json(serving.completion_response(gathered, model, req, texts))
 
 
-@get("/models", summary="List the served model", responses={200: ResponseSpec(ModelList)})
+@get(
+    "/models",
+    summary="List the served model",
+    responses={200: ResponseSpec(ModelList), **_AUTH, **_UNAVAILABLE},
+)
 async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     return _json({"object": "list", "data": [_model_card(_state(request))]})
 
 
-@get("/models/{model_id:path}", summary="Describe the served model")
+@get(
+    "/models/{model_id:path}",
+    summary="Describe the served model",
+    responses={200: ResponseSpec(ModelCard), **_AUTH, **_UNKNOWN_MODEL, **_UNAVAILABLE},
+)
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[Any]:
     server = _state(request)
     card = _model_card(server)
@@ -405,7 +421,16 @@ async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
     return EventStream(events())
 
 
-@post("/cache/flush", summary="Drop every cached prefix (409 while requests run)", status_code=200)
+@post(
+    "/cache/flush",
+    summary="Drop every cached prefix (409 while requests run)",
+    status_code=200,
+    responses={
+        **_AUTH,
+        409: ResponseSpec(ErrorResponse, description="Requests are running"),
+        **_UNAVAILABLE,
+    },
+)
 async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
     server = _state(request)
     manager = server.ready_manager()
@@ -416,7 +441,11 @@ async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
     return _json({"flushed": True})
 
 
-@get("/health", summary="200 while the engine runs, 503 otherwise")
+@get(
+    "/health",
+    summary="200 while the engine runs, 503 otherwise",
+    responses={503: ResponseSpec(ErrorResponse, description="Starting, or the engine is gone")},
+)
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     server = _state(request)
     if server.draining:
@@ -501,4 +530,6 @@ def create_app(
     )
     app.state.server = server
     app.state.policy = policy
+    # The OpenAPI document is built once and cached: publish msgspec's request schemas in it.
+    app.openapi_schema.components.schemas.update(request_schemas())
     return app

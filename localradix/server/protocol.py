@@ -1,7 +1,10 @@
 """OpenAI request and response bodies as msgspec Structs (decoded strictly, unknown keys ignored).
 
-Range checks live in `SamplingParams.validate` and `tokenizer_manager`, so each error names the
-offending parameter; the Structs only fix the JSON types.
+The Structs carry every constraint JSON Schema can say (types, ranges, enums, lengths), so the
+published OpenAPI schema and the server agree: a body the schema accepts is not refused for its
+shape. What needs two fields or the model (`top_logprobs` without `logprobs`, `best_of` != `n`,
+token ids past the vocabulary, a prompt longer than the context) is checked in `serving`, and
+each such error names the parameter too.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 StopString = Annotated[str, Meta(min_length=1)]
+Unsupported = Meta(max_length=0, description="not supported: omit it (or send it empty)")
 
 # ---- requests -------------------------------------------------------------------------------
 
@@ -26,17 +30,72 @@ class StreamOptions(Struct):
 
 
 class ContentPart(Struct):
-    type: str
-    text: str | None = None
+    """A text part of a message's content (image and audio parts are not supported)."""
+
+    type: Literal["text"]
+    text: str
+
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class ChatMessage(Struct):
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+
+
+class FunctionDefinition(Struct, omit_defaults=True):
+    name: Annotated[str, Meta(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(Struct):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Struct):
+    name: str
+
+
+class NamedToolChoice(Struct):
+    """Force one call of this function."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class TextFormat(Struct, tag_field="type", tag="text"):
+    """Plain text: no constraint."""
+
+
+class JsonObjectFormat(Struct, tag_field="type", tag="json_object"):
+    """Any JSON object."""
+
+
+class JsonSchemaSpec(Struct):
+    schema: dict[str, Any]  # the JSON schema the output must match
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(Struct, tag_field="type", tag="json_schema"):
+    """JSON matching `json_schema.schema`."""
+
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
 class _SamplingFields(Struct, kw_only=True):
@@ -45,6 +104,7 @@ class _SamplingFields(Struct, kw_only=True):
     model: str | None = None  # None: the served model
     temperature: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    # -1 and 0 both mean no top-k cut.
     top_k: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     presence_penalty: Penalty | None = None
@@ -57,34 +117,38 @@ class _SamplingFields(Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Unsupported] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     # Structured output: at most one of these (type "text" does not count).
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    # None: the server's --default-max-tokens.
     max_tokens: Count | None = None
     max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     # A string, a list of strings, a list of token ids, or a list of token-id lists.
-    prompt: str | Annotated[list[str | Count | list[Count]], Meta(min_length=1)]
-    max_tokens: Count | None = 16
+    prompt: (
+        Annotated[str, Meta(min_length=1)]
+        | Annotated[list[str | Count | list[Count]], Meta(min_length=1)]
+    )
+    max_tokens: Count | None = None  # None: the server's --default-max-tokens
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    suffix: str | None = None
+    suffix: Annotated[str, Unsupported] | None = None
     best_of: Annotated[int, Meta(ge=1, le=64)] | None = None
 
 
@@ -203,3 +267,13 @@ class ErrorResponse(Struct):
 
 
 encoder = msgspec.json.Encoder()
+
+
+def request_schemas() -> dict[str, Any]:
+    """OpenAPI components for the request bodies and their parts, written by msgspec from the
+    very types the server decodes with, so the published schema and the validation agree
+    (Litestar's own generator drops some constraints: those inside unions, and zero limits)."""
+    _, components = msgspec.json.schema_components(
+        (ChatCompletionRequest, CompletionRequest), ref_template="#/components/schemas/{name}"
+    )
+    return components

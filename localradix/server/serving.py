@@ -27,7 +27,14 @@ from localradix.parsers.reasoning import get_reasoning_parser
 from localradix.parsers.tool_constraint import ToolChoiceError, tool_call_constraint
 from localradix.sampling_params import Constraint, InvalidParams, SamplingParams
 from localradix.server.errors import APIError, bad_request
-from localradix.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from localradix.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    ResponseFormat,
+    _SamplingFields,
+)
 from localradix.server.tokenizer_manager import Delta, Job, TokenizerManager
 
 _json = msgspec.json.Encoder()
@@ -52,10 +59,8 @@ def sampling_params(
     vocab: int,
     constraint: Constraint | None = None,
 ) -> SamplingParams:
-    if req.logit_bias:
-        raise bad_request("'logit_bias' is not supported", "logit_bias")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    top_k = _default(req.top_k, -1)
+    top_k = -1 if not req.top_k else req.top_k  # None and 0: no top-k cut
     params = SamplingParams(
         # Past the context nothing more can be generated; clamp so huge values stay small.
         max_new_tokens=context if max_tokens is None else min(max_tokens, context),
@@ -87,6 +92,15 @@ def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def max_tokens_or_default(manager: TokenizerManager, requested: int | None) -> int | None:
+    """The request's max_tokens, or --default-max-tokens when it has none (None: no cap, the
+    reply may run to the context length)."""
+    if requested is not None:
+        return requested
+    default = manager.args.default_max_tokens
+    return default if default > 0 else None
+
+
 # ---- structured output and tools ------------------------------------------------------------
 
 
@@ -107,30 +121,12 @@ def request_constraint(req: _SamplingFields) -> tuple[Constraint | None, str | N
     return found[0] if found else (None, None)
 
 
-def _response_format(rf: dict[str, Any]) -> Constraint | None:
-    kind = rf.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+def _response_format(rf: ResponseFormat) -> Constraint | None:
+    if isinstance(rf, JsonSchemaFormat):
+        return Constraint("json_schema", json.dumps(rf.json_schema.schema))
+    if isinstance(rf, JsonObjectFormat):
         return Constraint("json_object")
-    if kind == "json_schema":
-        spec = rf.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise bad_request(
-                "response_format type 'json_schema' needs 'json_schema': {'name': ..., "
-                "'schema': {...}}",
-                "response_format",
-            )
-        schema = spec["schema"]
-        if not isinstance(schema, dict):
-            raise bad_request(
-                "response_format.json_schema.schema must be a JSON object", "response_format"
-            )
-        return Constraint("json_schema", json.dumps(schema))
-    raise bad_request(
-        f"response_format type must be 'text', 'json_object' or 'json_schema', not {kind!r}",
-        "response_format",
-    )
+    return None  # type "text"
 
 
 @dataclass(frozen=True)
@@ -142,12 +138,15 @@ class ChatOutputSpec:
     starts_in_reasoning: bool | None = None
     tool_names: tuple[str, ...] | None = None
 
+    # Calls are sent whole once complete, and a call the output cuts off (max_tokens) is
+    # dropped, never shown as content or as a call with broken arguments.
     def stream_parser(self) -> ChatOutputParser:
         return ChatOutputParser(
             tool_parser=self.tool_parser,
             reasoning_parser=self.reasoning_parser,
             starts_in_reasoning=self.starts_in_reasoning,
             tool_names=self.tool_names,
+            complete_calls=True,
         )
 
     def parse(self, text: str) -> ParsedChatOutput:
@@ -159,37 +158,24 @@ class ChatOutputSpec:
             reasoning_parser=self.reasoning_parser,
             starts_in_reasoning=self.starts_in_reasoning,
             tool_names=self.tool_names,
+            complete_calls=True,
         )
 
 
 PLAIN_OUTPUT = ChatOutputSpec()
 
 
-def _tool_names(tools: Sequence[Any] | None) -> tuple[str, ...]:
-    names = []
-    for tool in tools or ():
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.append(function["name"])
-    return tuple(names)
-
-
 def _tool_setup(
     manager: TokenizerManager, req: ChatCompletionRequest, prompt: str
 ) -> tuple[ChatOutputSpec, Constraint | None]:
     """The output parsers for this request, and the constraint its tool_choice forces."""
-    choice = req.tool_choice
+    tools = msgspec.to_builtins(req.tools) if req.tools else None
+    choice = msgspec.to_builtins(req.tool_choice)
     if choice is None:
-        choice = "auto" if req.tools else "none"
-    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
-        raise bad_request(
-            f"tool_choice must be 'none', 'auto', 'required' or "
-            f"{{'type': 'function', 'function': {{'name': ...}}}}, not {choice!r}",
-            "tool_choice",
-        )
+        choice = "auto" if tools else "none"
     reasoning = manager.reasoning_parser
     starts = get_reasoning_parser(reasoning).prompt_opens_reasoning(prompt) if reasoning else None
-    dialect = manager.tool_parser if req.tools and choice != "none" else None
+    dialect = manager.tool_parser if tools and choice != "none" else None
     constraint = None
     if choice not in ("none", "auto"):
         if manager.tool_parser is None:
@@ -200,7 +186,7 @@ def _tool_setup(
             )
         try:
             constraint = tool_call_constraint(
-                req.tools,
+                tools,
                 choice,
                 manager.tool_parser,
                 req.parallel_tool_calls,
@@ -210,7 +196,7 @@ def _tool_setup(
         except ToolChoiceError as exc:
             raise bad_request(str(exc), "tool_choice") from None
         dialect = manager.tool_parser
-    names = _tool_names(req.tools) if dialect else None
+    names = tuple(t.function.name for t in req.tools or ()) if dialect else None
     return ChatOutputSpec(dialect, reasoning, starts, names), constraint
 
 
@@ -233,13 +219,11 @@ async def encode(manager: TokenizerManager, text: str) -> list[int]:
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    if not req.messages:
-        raise bad_request("'messages' must not be empty", "messages")
     out = []
-    for i, msg in enumerate(req.messages):
+    for msg in req.messages:
         item = {f: v for f in msg.__struct_fields__ if (v := getattr(msg, f)) is not None}
         if isinstance(msg.content, list):
-            item["content"] = _text_content(msg.content, f"messages[{i}].content")
+            item["content"] = _text_content(msg.content)
         if msg.tool_calls:
             item["tool_calls"] = [_template_call(call) for call in msg.tool_calls]
             item.setdefault("content", "")  # templates read content even beside tool calls
@@ -262,13 +246,8 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
-def _text_content(parts: Sequence[Any], param: str) -> str:
-    texts = []
-    for part in parts:
-        if part.type != "text" or part.text is None:
-            raise bad_request(f"only text content parts are supported, not '{part.type}'", param)
-        texts.append(part.text)
-    return "".join(texts)
+def _text_content(parts: Sequence[Any]) -> str:
+    return "".join(part.text for part in parts)  # the protocol admits text parts only
 
 
 async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job:
@@ -277,8 +256,9 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     try:
+        tools = msgspec.to_builtins(req.tools) if req.tools else None
         text = manager.tokenizer.apply_chat_template(
-            chat_messages(req), tools=req.tools, add_generation_prompt=req.add_generation_prompt
+            chat_messages(req), tools=tools, add_generation_prompt=req.add_generation_prompt
         )
     except APIError:
         raise
@@ -290,8 +270,9 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
         constraint, constraint_param = tool_constraint, "tool_choice"
     ids = await encode(manager, text)
     manager.check_prompt(ids, "messages")
-    max_tokens = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = max_tokens_or_default(
+        manager,
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
     )
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -309,8 +290,6 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
 
 async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> Job:
     check_model(manager, req.model)
-    if req.suffix:
-        raise bad_request("'suffix' is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("'best_of' must equal 'n' (or be omitted)", "best_of")
     if req.echo and req.stream and req.logprobs is not None:
@@ -319,11 +298,10 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
     prompts = await _completion_prompts(manager, req.prompt)
     for ids in prompts:
         manager.check_prompt(ids, "prompt")
+    max_tokens = max_tokens_or_default(manager, req.max_tokens)
     params = sampling_params(
-        req, req.max_tokens, req.logprobs, manager.context_length, manager.vocab, constraint
+        req, max_tokens, req.logprobs, manager.context_length, manager.vocab, constraint
     )
-    if req.logprobs is not None and req.logprobs > 5:
-        raise bad_request("'logprobs' must be in [0, 5]", "logprobs")
     job = manager.submit(prompts, params)
     job.constraint_param = constraint_param
     return job
@@ -332,8 +310,6 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
 async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str):
         return [await encode(manager, prompt)]
-    if not prompt:
-        raise bad_request("'prompt' must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     elif all(isinstance(p, str) for p in prompt):

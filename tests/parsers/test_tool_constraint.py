@@ -326,3 +326,19 @@ def test_random_constrained_outputs_always_parse(
         streamed = [e for ch in text for e in parser.feed(ch)] + parser.finish()
         assert not [e for e in streamed if not hasattr(e, "index")], text
     assert done >= 6
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_model_may_stop_after_any_complete_call(
+    string_compiler: Any, dialect: str, parallel: bool
+) -> None:
+    """End of sequence is allowed right after a complete call, and after the newline a model
+    writes before another one (a small model that prefers the newline can still stop)."""
+    constraint = tool_call_constraint(TOOLS, "required", dialect, parallel=parallel)
+    assert constraint is not None
+    one, two = WIRE[DIALECTS.index(dialect)][1][:2]
+    for text in (one, one + "\n"):
+        assert accepts(string_compiler, constraint, text), text
+    assert not accepts(string_compiler, constraint, one + "\n\n")
+    assert accepts(string_compiler, constraint, two + "\n") == parallel

@@ -8,7 +8,9 @@ from server_harness import client, model, server, start_server  # noqa: F401 (fi
 
 @pytest.fixture(scope="module")
 def fake_server():
-    """One FAKE-engine server per module (no model: fast and deterministic)."""
-    fake = start_server(["--max-running-requests", "8", "--max-queued-requests", "32"], fake=True)
+    """One FAKE-engine server per module (no model: fast and deterministic). Requests that omit
+    max_tokens (the fuzzer's) get 16 tokens, as OpenAI's legacy completions default."""
+    args = ["--max-running-requests", "8", "--max-queued-requests", "32"]
+    fake = start_server([*args, "--default-max-tokens", "16"], fake=True)
     yield fake
     fake.stop()

@@ -282,13 +282,13 @@ BAD = [
             ],
         },
         400,
-        "messages[0].content",
+        "messages[0].content[0].type",
     ),
     (
         "bad role",
         {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
         400,
-        "messages",
+        "messages[0].role",
     ),
     (
         "seed type",

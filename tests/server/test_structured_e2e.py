@@ -264,7 +264,7 @@ def test_tool_results_go_back_through_the_template(client, model):
         ),
         ({"ebnf": 'root ::= "a" | '}, "ebnf", "ebnf"),
         ({"regex": "(unclosed"}, "regex", "regex"),
-        ({"response_format": {"type": "xml"}}, "response_format", "xml"),
+        ({"response_format": {"type": "xml"}}, "response_format.type", "xml"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "schema"),
         ({"regex": "a+", "ebnf": 'root ::= "a"'}, "ebnf", "at most one"),
         (
