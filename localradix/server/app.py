@@ -224,8 +224,24 @@ def _json(payload: Any, status: int = 200) -> Response[bytes]:
 def _decode(body: bytes, type_: type) -> Any:
     try:
         return msgspec.json.decode(body, type=type_, strict=True)
+    except msgspec.ValidationError:
+        pass  # maybe an integer written as 2.0: JSON Schema (and clients) call that an integer
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
+    try:
+        return msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(body)), type_)
+    except msgspec.MsgspecError as exc:
+        raise from_decode_error(exc) from None
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(v) for v in value]
+    return value
 
 
 class _ClosingStreamingResponse(ASGIStreamingResponse):
