@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -196,7 +197,11 @@ def test_key_from_the_environment_and_no_prompt_previews():
         for _ in range(3):
             r = httpx.post(s.base + "/completions", json=body, headers=auth(), timeout=120)
             assert r.status_code == 200, r.text
-        stats = httpx.get(s.base + "/stats", headers=auth(), timeout=30).json()["engine"]
+        for _ in range(40):  # the engine refreshes its prefix table about once a second
+            stats = httpx.get(s.base + "/stats", headers=auth(), timeout=30).json()["engine"]
+            if stats["top_prefixes"]:
+                break
+            time.sleep(0.25)
         assert stats["top_prefixes"] and stats["recent_misses"] is not None
         text = json.dumps(stats)
         assert "Never shown" not in text and '"preview"' not in text and '"head"' not in text
