@@ -1,4 +1,5 @@
-"""The Homebrew formula generator, on a small pip report made the way the README says.
+"""The Homebrew formula generator, on a small pip report made the way the README says
+(this folder is not named `packaging`: that would shadow the `packaging` library).
 
 pip-report-macos-arm64.json is pip's report for `localradix[mlx]` on an Apple-silicon Mac, cut
 down to four dependencies (real wheel URLs and hashes from PyPI). Homebrew itself cannot run
