@@ -15,6 +15,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 AUTO_ON_OFF = ("auto", "on", "off")
+QUANTIZE = ("auto", "off", "2", "3", "4", "5", "6", "8", "mxfp4", "mxfp8")
 
 
 def _opt(help: str, **kw: Any) -> Any:
@@ -40,6 +41,14 @@ class ServerArgs:
         "runners keep the KV cache in bfloat16 when auto resolves to float32",
         default="auto",
         choices=DTYPES,
+    )
+    quantize: str = _opt(
+        "MLX backend: quantize the float weight matrices at load to N-bit affine (group 64) or "
+        "mxfp4/mxfp8. Quantized checkpoints (MLX folders; GGUF Q4_0/Q4_1/Q8_0) always stay as "
+        "stored; other GGUF quantized types are re-quantized to the nearest MLX width (auto), "
+        "to this one, or kept float16 (off)",
+        default="auto",
+        choices=QUANTIZE,
     )
     threads: int | None = _opt(
         "CPU threads for the llamacpp backend (default: the physical core count)", default=None

@@ -94,8 +94,8 @@ def write_gguf(path: Path, hf_model: torch.nn.Module, arch: str, quant: str | No
             array = _permute(array, c.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             array = _permute(array, c.num_key_value_heads)
-        if quant == "Q8_0" and array.ndim == 2:
-            qtype = gguf.GGMLQuantizationType.Q8_0
+        if quant is not None and array.ndim == 2:  # any type gguf-py can quantize to
+            qtype = gguf.GGMLQuantizationType[quant]
             w.add_tensor(_gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(_gguf_name(name), np.ascontiguousarray(array))

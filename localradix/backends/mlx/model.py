@@ -2,7 +2,8 @@
 
 Same `ModelConfig`, same Hugging Face weight names, same math: fused qkv and gate_up matmuls,
 q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings, GQA, RoPE theta/scaling.
-Attention goes through the paged MLX attention, which owns the KV cache.
+Attention goes through the paged MLX attention, which owns the KV cache. Linear layers and the
+embedding are float or MLX-quantized (quant.py), whichever the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from localradix.backends.mlx.attention import MLXPagedAttention
+from localradix.backends.mlx.quant import Dense, Linear, Quantized, fuse
 from localradix.backends.mlx.rope import Rotary, apply_rotary
 from localradix.models.config import ModelConfig
 
@@ -21,7 +23,7 @@ FREQ_FACTORS = "model.rotary_emb.freq_factors"  # GGUF `rope_freqs`
 class _Weights:
     """Takes named arrays out of a checkpoint dict, checking shapes and coverage."""
 
-    def __init__(self, weights: dict[str, mx.array], dtype: mx.Dtype) -> None:
+    def __init__(self, weights: dict[str, mx.array | Quantized], dtype: mx.Dtype) -> None:
         self.weights, self.dtype = weights, dtype
         self.used: set[str] = set()
 
@@ -29,8 +31,21 @@ class _Weights:
         if name not in self.weights:
             raise ValueError(f"checkpoint is missing weight {name!r}")
         array = self.weights[name]
+        if isinstance(array, Quantized):
+            raise ValueError(f"{name} is quantized; only linear layers and embeddings may be")
         if tuple(array.shape) != shape:
             raise ValueError(f"{name}: checkpoint shape {tuple(array.shape)}, model {shape}")
+        self.used.add(name)
+        return array.astype(self.dtype)
+
+    def linear(self, name: str, shape: tuple[int, int]) -> Dense | Quantized:
+        """A [out, in] matrix: float (in the model dtype) or quantized as stored."""
+        array = self.weights.get(name)
+        if not isinstance(array, Quantized):
+            return Dense(self.take(name, shape))
+        array.check(name)
+        if array.shape != shape:
+            raise ValueError(f"{name}: checkpoint shape {array.shape}, model {shape}")
         self.used.add(name)
         return array.astype(self.dtype)
 
@@ -59,9 +74,7 @@ class DecoderLayer:
         self.input_norm = w.take(p + "input_layernorm.weight", (hidden,))
         self.post_norm = w.take(p + "post_attention_layernorm.weight", (hidden,))
         proj = [("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)]
-        self.qkv_weight = mx.concatenate(
-            [w.take(f"{p}self_attn.{x}_proj.weight", (n, hidden)) for x, n in proj]
-        )
+        self.qkv = fuse([w.linear(f"{p}self_attn.{x}_proj.weight", (n, hidden)) for x, n in proj])
         self.qkv_bias = (
             mx.concatenate([w.take(f"{p}self_attn.{x}_proj.bias", (n,)) for x, n in proj])
             if c.attention_bias
@@ -69,14 +82,14 @@ class DecoderLayer:
         )
         self.q_norm = w.take(p + "self_attn.q_norm.weight", (c.head_dim,)) if c.qk_norm else None
         self.k_norm = w.take(p + "self_attn.k_norm.weight", (c.head_dim,)) if c.qk_norm else None
-        self.o_weight = w.take(p + "self_attn.o_proj.weight", (hidden, c.q_size))
-        self.gate_up_weight = mx.concatenate(
+        self.o_proj = w.linear(p + "self_attn.o_proj.weight", (hidden, c.q_size))
+        self.gate_up = fuse(
             [
-                w.take(p + "mlp.gate_proj.weight", (inter, hidden)),
-                w.take(p + "mlp.up_proj.weight", (inter, hidden)),
+                w.linear(p + "mlp.gate_proj.weight", (inter, hidden)),
+                w.linear(p + "mlp.up_proj.weight", (inter, hidden)),
             ]
         )
-        self.down_weight = w.take(p + "mlp.down_proj.weight", (hidden, inter))
+        self.down_proj = w.linear(p + "mlp.down_proj.weight", (hidden, inter))
         self.intermediate_size = inter
 
     def __call__(
@@ -89,7 +102,7 @@ class DecoderLayer:
     ) -> tuple[mx.array, mx.array]:
         residual = x if residual is None else x + residual
         h = mx.fast.rms_norm(residual, self.input_norm, self.eps)
-        qkv = h @ self.qkv_weight.T  # [T, (Hq + 2 Hkv) D]
+        qkv = self.qkv(h)  # [T, (Hq + 2 Hkv) D]
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         tokens = qkv.shape[0]
@@ -101,41 +114,53 @@ class DecoderLayer:
             k = mx.fast.rms_norm(k, self.k_norm, self.eps)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = attn.forward(q, k, v, self.layer_id, self.scale)
-        residual = o @ self.o_weight.T + residual
+        residual = self.o_proj(o) + residual
         h = mx.fast.rms_norm(residual, self.post_norm, self.eps)
-        gate_up = h @ self.gate_up_weight.T
+        gate_up = self.gate_up(h)
         gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
-        return (gate * mx.sigmoid(gate) * up) @ self.down_weight.T, residual
+        return self.down_proj(gate * mx.sigmoid(gate) * up), residual
 
 
 class MLXDecoderForCausalLM:
     """forward(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits -> fp32."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, mx.array], dtype: mx.Dtype):
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, mx.array | Quantized], dtype: mx.Dtype
+    ):
         self.config = config
         self.dtype = dtype
         w = _Weights(weights, dtype)
         vocab, hidden = config.vocab_size, config.hidden_size
-        self.embed_tokens = w.take("model.embed_tokens.weight", (vocab, hidden))
+        self.embed_tokens = w.linear("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [DecoderLayer(config, i, w) for i in range(config.num_hidden_layers)]
         self.norm = w.take("model.norm.weight", (hidden,))
         self.lm_head = (
-            None if config.tie_word_embeddings else w.take("lm_head.weight", (vocab, hidden))
+            None if config.tie_word_embeddings else w.linear("lm_head.weight", (vocab, hidden))
         )
         factors = weights.get(FREQ_FACTORS)
-        freq = None if factors is None else np.array(factors.astype(mx.float32))
+        freq = None if not isinstance(factors, mx.array) else np.array(factors.astype(mx.float32))
         self.rotary = Rotary(config, dtype, freq)
         w.check_all_used()
         mx.eval(self.parameters())
 
     def parameters(self) -> list[mx.array]:
-        arrays = [self.embed_tokens, self.norm] + ([] if self.lm_head is None else [self.lm_head])
+        arrays = [self.norm] + self.embed_tokens.arrays()
+        arrays += [] if self.lm_head is None else self.lm_head.arrays()
         for layer in self.layers:
-            arrays += [a for a in vars(layer).values() if isinstance(a, mx.array)]
+            for value in vars(layer).values():
+                if isinstance(value, mx.array):
+                    arrays.append(value)
+                elif isinstance(value, Linear):
+                    arrays += value.arrays()
         return arrays
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the resident weights take (quantized ones at their packed size)."""
+        return sum(a.nbytes for a in self.parameters())
+
     def forward(self, input_ids: mx.array, positions: mx.array, attn: MLXPagedAttention):
-        x = self.embed_tokens[input_ids]
+        x = self.embed_tokens.rows(input_ids)
         cos, sin = self.rotary.lookup(positions)
         residual = None
         for layer in self.layers:
@@ -145,5 +170,5 @@ class MLXDecoderForCausalLM:
 
     def compute_logits(self, hidden: mx.array) -> mx.array:
         """hidden [N, H] (usually each request's last token) -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return (hidden @ weight.T).astype(mx.float32)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return head(hidden).astype(mx.float32)

@@ -38,13 +38,14 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 def create_mlx_runner(
     args: ServerArgs, source: ModelSource, target: Target
 ) -> tuple[MLXRunner, ModelConfig]:
-    config, weights = load_weights(source)
-    if not is_supported(config.architecture):
-        raise ValueError(f"model architecture {config.architecture!r} is not supported by MLX")
     device = mx.Device(mx.gpu if target.device in ("gpu", "mps", "metal") else mx.cpu)
     with mx.stream(device):
+        config, weights = load_weights(source, args.quantize)
+        if not is_supported(config.architecture):
+            raise ValueError(f"model architecture {config.architecture!r} is not supported by MLX")
         model = MLXDecoderForCausalLM(config, weights, DTYPES[target.dtype])
-    del weights
+    del weights  # before the KV budget is taken from what memory is left
+    logger.info("Weights: %.1f MiB resident in MLX arrays", model.weight_bytes / 2**20)
     return MLXRunner(model, config, args, device), config
 
 

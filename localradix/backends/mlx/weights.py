@@ -1,41 +1,110 @@
-"""Weights for the MLX models: Hugging Face safetensors folders, and GGUF via the loader's cache.
+"""Weights for the MLX models: Hugging Face / MLX-format safetensors folders, and GGUF files.
 
-A GGUF is converted once (dequantized, Q/K un-permuted) by `loader.gguf_convert` into a cached
-Hugging Face-style folder, which is numpy-only; both kinds are then read with `mx.load`
-(which handles bfloat16, unlike numpy). No torch on this path.
+Safetensors are read with `mx.load` (which handles bfloat16, unlike numpy). A folder written by
+mlx-lm carries its quantization in config.json ("quantization": group_size, bits, mode, and
+per-layer overrides keyed by module path); a layer is quantized when `<path>.scales` exists,
+and its weight/scales/biases are kept as they are. A GGUF is read directly, keeping the block
+types MLX can hold quantized (gguf_weights.py); only its config and tokenizer go through the
+loader's cache. `--quantize N` quantizes the remaining float matrices at load, as mlx-lm's
+convert does. No torch on this path.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
+from localradix.backends.mlx.quant import Quantized, QuantSpec, quantize
 from localradix.loader.hf import read_config
 from localradix.loader.source import ModelSource
 from localradix.models.config import ModelConfig
 
+logger = logging.getLogger("localradix.runner")
 
-def model_folder(source: ModelSource) -> Path:
-    """The Hugging Face-style folder holding config.json and *.safetensors for `source`."""
-    if source.kind == "hf":
-        return Path(source.path)
-    from localradix.loader.gguf_convert import ensure_gguf_model
-
-    return ensure_gguf_model(Path(source.path))
+Weight = mx.array | Quantized
 
 
-def load_weights(source: ModelSource) -> tuple[ModelConfig, dict[str, mx.array]]:
-    """(config, {HF parameter name: array in the checkpoint's dtype})."""
-    folder = model_folder(source)
-    config = ModelConfig.from_hf_dict(read_config(folder))
-    weights: dict[str, mx.array] = {}
-    for path in safetensors_files(folder):
-        loaded = mx.load(str(path))
-        assert isinstance(loaded, dict)
-        weights.update(loaded)
-    return config, weights
+def load_weights(
+    source: ModelSource, quantize_to: str = "auto"
+) -> tuple[ModelConfig, dict[str, Weight]]:
+    """(config, {HF parameter name: float array in the checkpoint's dtype, or Quantized}).
+
+    quantize_to: "auto" / "off" keep float matrices float; "4", "8", "mxfp4", ... quantize them.
+    """
+    if source.kind == "gguf":
+        from localradix.backends.mlx.gguf_weights import load_gguf_weights
+        from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+
+        hf = read_config(ensure_gguf_tokenizer(Path(source.path)))
+        weights = load_gguf_weights(Path(source.path), quantize_to)
+    else:
+        folder = Path(source.path)
+        hf = read_config(folder)
+        raw: dict[str, mx.array] = {}
+        for path in safetensors_files(folder):
+            loaded = mx.load(str(path))
+            assert isinstance(loaded, dict)
+            raw.update(loaded)
+        weights = group_quantized(raw, hf.get("quantization"))
+    if quantize_to not in ("auto", "off"):
+        weights = quantize_floats(weights, QuantSpec.parse(quantize_to))
+    return ModelConfig.from_hf_dict(hf), weights
+
+
+def group_quantized(
+    raw: dict[str, mx.array], quantization: dict[str, Any] | None
+) -> dict[str, Weight]:
+    """Each `<path>.weight/.scales[/.biases]` triple as one Quantized under `<path>.weight`."""
+    quantized = [n.removesuffix(".scales") for n in raw if n.endswith(".scales")]
+    if not quantized:
+        return dict(raw)
+    if not quantization:
+        raise ValueError(
+            f"{quantized[0]} is quantized (it has scales) but config.json has no "
+            '"quantization" entry saying how (group_size, bits)'
+        )
+    default = QuantSpec.from_dict(quantization)
+    out: dict[str, Weight] = dict(raw)
+    for path in quantized:
+        override = quantization.get(path)
+        if override is False:
+            raise ValueError(f"{path} has scales, but config.json says it is not quantized")
+        spec = QuantSpec.from_dict(override) if isinstance(override, dict) else default
+        weight = out.pop(path + ".weight", None)
+        if not isinstance(weight, mx.array):
+            raise ValueError(f"checkpoint has {path}.scales but no {path}.weight")
+        scales, biases = out.pop(path + ".scales"), out.pop(path + ".biases", None)
+        assert isinstance(scales, mx.array) and not isinstance(biases, Quantized)
+        out[path + ".weight"] = Quantized(weight, scales, biases, spec, mx.float32)
+    return out
+
+
+def quantize_floats(weights: dict[str, Weight], spec: QuantSpec) -> dict[str, Weight]:
+    """Every float matrix (linear layers, embeddings) whose rows split into whole groups,
+    quantized to `spec` one at a time (so only one float copy is alive at once)."""
+    out: dict[str, Weight] = {}
+    skipped = []
+    for name, w in weights.items():
+        if isinstance(w, Quantized) or w.ndim != 2:
+            out[name] = w
+        elif w.shape[1] % spec.group_size:
+            out[name] = w
+            skipped.append(name)
+        else:
+            out[name] = q = quantize(w, spec, w.dtype)
+            mx.eval(q.arrays())
+    if skipped:
+        logger.info(
+            "--quantize: %d matrices stay float (rows not a multiple of %d): %s",
+            len(skipped),
+            spec.group_size,
+            ", ".join(skipped[:4]),
+        )
+    return out
 
 
 def safetensors_files(folder: Path) -> list[Path]:
