@@ -8,6 +8,7 @@ and renders the outputs and errors in its own shape. Imported by `create_app`, a
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -52,10 +53,10 @@ def convert(fields: dict[str, Any], type_: type, renames: dict[str, str]) -> Any
 def renamed(err: APIError, renames: dict[str, str]) -> APIError:
     """An error about an OpenAI field, reworded with the dialect's name for it."""
     for ours, theirs in renames.items():
-        err.message = err.message.replace(f"'{ours}'", f"'{theirs}'")
-        err.message = err.message.replace(f"$.{ours}", f"$.{theirs}")
-        if err.param == ours:
-            err.param = theirs
+        # 'stop', 'stop[0]', 'response_format.json_schema': the field, alone or as a prefix
+        err.message = re.sub(rf"'{re.escape(ours)}(?=['\[.])", f"'{theirs}", err.message)
+        if err.param is not None and re.match(rf"{re.escape(ours)}(?![\w])", err.param):
+            err.param = theirs + err.param[len(ours) :]
     return err
 
 
