@@ -533,12 +533,13 @@ def _no_model_store() -> APIError:
     )
 
 
-@post(["/pull", "/push", "/create", "/copy"], summary="Ollama: model store (501)", status_code=200)
+# Not in the OpenAPI schema: they only ever answer 501 (no model store).
+@post(["/pull", "/push", "/create", "/copy"], status_code=200, include_in_schema=False)
 async def model_store(request: Request[Any, Any, Any]) -> Response[Any]:
     raise _no_model_store()
 
 
-@delete("/delete", summary="Ollama: delete a model (501)", status_code=200)
+@delete("/delete", status_code=200, include_in_schema=False)
 async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
     raise _no_model_store()
 

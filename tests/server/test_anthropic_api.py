@@ -229,3 +229,31 @@ def test_bad_input_gets_anthropic_shaped_4xx_and_the_server_stays_healthy(server
     message = httpx.post(server.url + "/v1/messages", json={**ok, "stop_sequences": [""]}).json()
     assert "stop_sequences" in message["error"]["message"]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _idle(server) -> bool:
+    stats = httpx.get(server.base + "/stats").json()
+    return stats["server"]["in_flight"] == 0 and stats["engine"]["running"] == 0
+
+
+def _finished(server) -> int:
+    """Requests that ran to their end (an aborted one is not counted)."""
+    return httpx.get(server.base + "/stats").json()["server"]["requests_total"]
+
+
+def test_a_client_that_leaves_aborts_its_job(fake_server):
+    """On the fake engine: a dropped SSE stream or a non-streamed request whose client times
+    out frees its engine request."""
+    from server_harness import wait_until
+
+    finished = _finished(fake_server)
+    body = {"model": "fake-model", "max_tokens": 100000, "messages": HELLO}
+    with httpx.stream("POST", fake_server.url + "/v1/messages", json={**body, "stream": True}) as r:
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+        assert next(lines) == "event: message_start"
+        assert wait_until(lambda: not _idle(fake_server))
+    assert wait_until(lambda: _idle(fake_server))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(fake_server.url + "/v1/messages", json=body, timeout=0.5)
+    assert wait_until(lambda: _idle(fake_server))
+    assert _finished(fake_server) == finished  # both were aborted, not run to the end

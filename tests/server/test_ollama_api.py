@@ -318,3 +318,39 @@ def test_bad_input_gets_ollama_shaped_4xx_and_the_server_stays_healthy(server, o
         oc.chat(model="nope", messages=[{"role": "user", "content": "x"}])
     assert err.value.status_code == 404 and "nope" in err.value.error
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _idle(server) -> bool:
+    stats = httpx.get(server.base + "/stats").json()
+    return stats["server"]["in_flight"] == 0 and stats["engine"]["running"] == 0
+
+
+def _finished(server) -> int:
+    """Requests that ran to their end (an aborted one is not counted)."""
+    return httpx.get(server.base + "/stats").json()["server"]["requests_total"]
+
+
+def test_a_client_that_leaves_aborts_its_job(fake_server):
+    """On the fake engine (endless output): a dropped NDJSON stream or a non-streamed request
+    whose client times out frees its engine request."""
+    from server_harness import wait_until
+
+    finished = _finished(fake_server)
+    body = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "x"}],
+        "options": {"num_predict": 100000},
+    }
+    with httpx.stream("POST", fake_server.url + "/api/chat", json=body) as r:
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+        assert json.loads(next(lines))["done"] is False
+        assert wait_until(lambda: not _idle(fake_server))
+    assert wait_until(lambda: _idle(fake_server))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            fake_server.url + "/api/generate",
+            json={**body, "prompt": "x", "stream": False},
+            timeout=0.5,
+        )
+    assert wait_until(lambda: _idle(fake_server))
+    assert _finished(fake_server) == finished  # both were aborted, not run to the end
