@@ -509,6 +509,8 @@ def create_app(
     core_factory: str = DEFAULT_CORE,
     tokenizer_factory: Callable[[ServerArgs], Any] = default_tokenizer,
 ) -> Litestar:
+    from localradix.server import anthropic, ollama  # they import this module
+
     server = ServerState(args, core_factory, tokenizer_factory)
     policy = AccessPolicy.from_args(args, resolve_api_key(args))
     v1 = Router(
@@ -530,7 +532,7 @@ def create_app(
         return response
 
     app = Litestar(
-        route_handlers=[v1, health, metrics],
+        route_handlers=[v1, health, metrics, *ollama.ROUTES, *anthropic.ROUTES],
         on_startup=[server.start],
         on_shutdown=[server.stop],
         middleware=[access_middleware(policy, server.metrics.record_error), _counting(server)],
