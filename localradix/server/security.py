@@ -6,7 +6,8 @@ under its own name. So before any route runs:
 - a loopback server answers only to loopback names, the bound host and `--allowed-hosts`
   (421 otherwise);
 - a request carrying a foreign `Origin` is refused (403) unless `--cors-origins` lists it;
-- with an API key, every route but `/health` needs `Authorization: Bearer KEY` (401);
+- with an API key, every route but `/health` needs `Authorization: Bearer KEY` or
+  `x-api-key: KEY` (401);
 - a body sent with a `Content-Type` other than JSON is refused (415).
 CORS (the preflight and the response headers) is answered here too, for the listed origins only,
 so that every refusal, preflight included, is an OpenAI-shaped JSON error.
@@ -121,7 +122,7 @@ class AccessPolicy:
             if scope["path"] not in OPEN_PATHS and not self.authenticated(headers):
                 raise APIError(
                     401,
-                    "a valid API key is required: 'Authorization: Bearer <key>'",
+                    "a valid API key is required: 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                     code="invalid_api_key",
                 )
         content_type = headers.get("content-type")
@@ -135,8 +136,14 @@ class AccessPolicy:
                 )
 
     def authenticated(self, headers: dict[str, str]) -> bool:
-        given = headers.get("authorization", "").encode()
-        return self.api_key is not None and hmac.compare_digest(given, self.api_key)
+        """`Authorization: Bearer KEY`, or `x-api-key: KEY` (what Anthropic's clients send)."""
+        if self.api_key is None:
+            return False
+        bearer = headers.get("authorization", "").encode()
+        x_api_key = f"Bearer {headers.get('x-api-key', '')}".encode()
+        return hmac.compare_digest(bearer, self.api_key) | hmac.compare_digest(
+            x_api_key, self.api_key
+        )
 
     def shows_previews(self, scope: dict[str, Any]) -> bool:
         """Prompt text goes only to clients that proved the key, or on this machine."""

@@ -83,6 +83,11 @@ def test_with_the_key_the_routes_answer(server):
         assert c.post("/v1/cache/flush").json() == {"flushed": True}
 
 
+def test_anthropic_clients_send_the_key_as_x_api_key(server):
+    assert httpx.get(server.url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    assert_error(httpx.get(server.url + "/v1/models", headers={"x-api-key": "wrong"}), 401)
+
+
 def test_the_key_file_is_not_on_the_command_line(server):
     cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
     assert KEY not in cmdline
