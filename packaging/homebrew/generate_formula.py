@@ -159,7 +159,9 @@ def render(report: dict[str, Any], url: str, sha256: str, homepage: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("report", type=Path, help="pip install --dry-run --report JSON")
     parser.add_argument("--url", required=True, help="the release's localradix wheel URL")
     parser.add_argument("--sha256", required=True, help="that wheel's sha256")
