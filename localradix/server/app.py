@@ -288,10 +288,11 @@ async def _client_gone(request: Request[Any, Any, Any]) -> None:
 
 
 async def _gather_unless_disconnected(
-    request: Request[Any, Any, Any], job: Any
-) -> serving.Gathered | None:
-    """The finished job, or None (and the job aborted) if the client disconnects first."""
-    gather = asyncio.ensure_future(serving.Gathered(job).run())
+    request: Request[Any, Any, Any], job: Any, gathered: type[serving.Gathered] = serving.Gathered
+) -> Any:
+    """The finished job (a `gathered`), or None (and the job aborted) if the client
+    disconnects first."""
+    gather = asyncio.ensure_future(gathered(job).run())
     watch = asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({gather, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -7,7 +7,6 @@ and renders the outputs and errors in its own shape. Imported by `create_app`, a
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,11 @@ from litestar import MediaType, Request, Response
 from litestar.response import Stream
 
 from localradix.server import serving
-from localradix.server.app import ServerState, _client_gone, _ClosingStreamingResponse
+from localradix.server.app import (
+    ServerState,
+    _ClosingStreamingResponse,
+    _gather_unless_disconnected,
+)
 from localradix.server.errors import APIError, from_decode_error, handle_exception
 from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import Delta, Job, TokenizerManager
@@ -171,17 +174,7 @@ class Gathered(serving.Gathered):
 
 async def gather(request: Request[Any, Any, Any], job: Job) -> Gathered | None:
     """The finished job, or None (and the job aborted) if the client disconnects first."""
-    run = asyncio.ensure_future(Gathered(job).run())
-    watch = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if run.done():
-            return run.result()
-        job.close()
-        return None
-    finally:
-        run.cancel()
-        watch.cancel()
+    return await _gather_unless_disconnected(request, job, Gathered)
 
 
 async def batches(job: Job, timing: Timing) -> AsyncIterator[list[Delta] | APIError]:
