@@ -41,9 +41,12 @@ class CallObject:
             if not isinstance(value, str) or not value:
                 return False
             name = value
+        args = self._args_member()
+        if args is not None and self._is_string(args) and args.end is not None:
+            if self._string_args(args) is None:
+                return False  # a string that does not hold JSON: clients could not parse it
         if self.scanner.done:
             return name if name is not None else False
-        args = self._args_member()
         if name is None or args is None or (self._is_string(args) and args.end is None):
             return None
         return name
@@ -62,7 +65,7 @@ class CallObject:
             if args.end is None:
                 return ""
             self._args_done = True
-            return str(json.loads(self.text[args.start : args.end]))
+            return self._string_args(args) or "{}"
         end = args.end if args.end is not None else len(self.text)
         fragment = self.text[args.start + self._sent : end]
         self._sent = end - args.start
@@ -78,6 +81,17 @@ class CallObject:
 
     def _args_member(self) -> Member | None:
         return next((m for m in self.scanner.members if m.key in self.ARG_KEYS), None)
+
+    def _string_args(self, args: Member) -> str | None:
+        """Arguments sent as a JSON string, decoded: "{}" when empty, None when not JSON."""
+        decoded = str(json.loads(self.text[args.start : args.end]))
+        if not decoded.strip():
+            return "{}"
+        try:
+            json.loads(decoded)
+        except ValueError:
+            return None
+        return decoded
 
     def _is_string(self, member: Member) -> bool:
         return self.text[member.start] == '"'

@@ -119,3 +119,18 @@ def test_property_stream_and_parse_always_agree(
 ) -> None:
     text = data.draw(noise | mutated(dialect))
     check_agrees(dialect, text, _chunks(text, [c for c in cuts if c <= len(text)]))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [('""', "{}"), ('"{\\"a\\": 1}"', '{"a": 1}'), ('"x"', None), ('"": null}', "{}")],
+)
+def test_arguments_given_as_a_string_must_hold_json(arguments: str, expected: str | None) -> None:
+    """Found by the property test: `"arguments": ""` reached clients as an empty string, which
+    no client can parse. A string's content is the arguments; one that is not JSON is no call."""
+    text = f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>'
+    for mode in (False, True):
+        parsed = get_tool_parser("hermes").parse(text, complete_calls=mode)
+        assert [c.arguments for c in parsed.calls] == ([expected] if expected else [])
+    for chunks in splits(text):
+        check_agrees("hermes", text, chunks)
