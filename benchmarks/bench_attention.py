@@ -19,7 +19,7 @@ import torch
 
 from localradix.runner import attention_torch
 from localradix.runner.attention_torch import TorchNativeAttention
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 
 def per_layer_ms(attn: TorchNativeAttention, batch: ForwardBatch, qkv, reps: int) -> float:

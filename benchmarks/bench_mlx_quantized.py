@@ -27,9 +27,8 @@ from localradix.backends.mlx.weights import load_weights
 from localradix.config import ServerArgs
 from localradix.loader import resolve_model
 from localradix.loader.source import ModelSource
-from localradix.runner.base import SamplingBatch
 from localradix.sampling_params import SamplingParams
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 PROMPT = 32
 

@@ -8,27 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput
+from localradix.messages import EngineStats, GenerateRequest, ModelInfo, RequestOutput
 from localradix.sched.scheduler import Scheduler
 
 logger = logging.getLogger("localradix.engine")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str  # the id the API serves it as
-    path: str
-    context_length: int
-    vocab_size: int
-    backend: str
-    device: str
-    dtype: str
-    kv_total_tokens: int
-    architecture: str = ""
 
 
 class EngineCore:

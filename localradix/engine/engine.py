@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 logger = logging.getLogger("localradix.engine")

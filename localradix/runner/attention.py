@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from localradix.sched.batch import ForwardBatch
+    from localradix.step import ForwardBatch
 
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch_native": "localradix.runner.attention_torch:TorchNativeAttention",

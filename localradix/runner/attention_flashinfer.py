@@ -26,7 +26,7 @@ import torch
 
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.torch_runner import device_event
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 NHD = "NHD"
 

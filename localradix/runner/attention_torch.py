@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from localradix.runner.attention import AttentionBackend, contiguous_run, shared_prefix_groups
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 # A decode group shares its prefix only from this many tokens: below it, gathering per request
 # costs less than the extra kernels.

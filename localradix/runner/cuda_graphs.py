@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 logger = logging.getLogger("localradix.runner")
 

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.base import ModelRunner
 from localradix.runner.sampler import DeviceSample, sample_on_device
 from localradix.runner.torch_runner import device_event
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 
 class LogitsRunner(Protocol):

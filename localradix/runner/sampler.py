@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from localradix.runner.base import SampleOutput, SamplingBatch
+from localradix.step import SampleOutput, SamplingBatch
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import torch
 
 from localradix.config import ServerArgs
 from localradix.runner.attention import AttentionBackend, get_attention_backend
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVShape, plan_kv_budget
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.sampler import sample
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 logger = logging.getLogger("localradix.runner")
 

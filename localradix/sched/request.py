@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localradix.engine.messages import TokenLogprob
+from localradix.messages import TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 

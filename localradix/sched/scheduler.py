@@ -24,15 +24,15 @@ import numpy as np
 
 from localradix.config import ServerArgs
 from localradix.constrained.backend import GrammarBackend
-from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import RadixCache
-from localradix.runner.base import LaunchedStep, ModelRunner, SampleOutput, SamplingBatch
-from localradix.sched.batch import ForwardBatch
+from localradix.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.runner.base import LaunchedStep, ModelRunner
 from localradix.sched.policy import PrefillBudget, order_waiting
 from localradix.sched.request import Req, ReqState
 from localradix.sched.throughput import ThroughputMeter
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 logger = logging.getLogger("localradix.scheduler")
 

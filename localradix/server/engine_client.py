@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import EngineStats, FlushCache, RequestOutput
+from localradix.messages import EngineStats, FlushCache, RequestOutput
 from localradix.server.engine_process import DEFAULT_CORE, Shutdown, engine_main
 
 logger = logging.getLogger("localradix.server")

@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import AbortRequest, FlushCache, GenerateRequest
+from localradix.messages import AbortRequest, FlushCache, GenerateRequest
 
 logger = logging.getLogger("localradix.engine_process")
 

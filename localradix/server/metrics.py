@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from localradix.engine.messages import EngineStats
+from localradix.messages import EngineStats
 
 PREFIX = "localradix"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from localradix.engine.messages import TokenLogprob
+from localradix.messages import TokenLogprob
 from localradix.parsers.events import ContentDelta, ToolCallDelta
 from localradix.parsers.output_parser import (
     ChatDelta,

@@ -22,7 +22,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.constrained.grammar import INVALID_GRAMMAR_PREFIX
 from localradix.engine.detokenizer import IncrementalDetokenizer
-from localradix.engine.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 PLAN_KWARGS = {"causal", "sm_scale", "q_data_type", "kv_data_type"}
 

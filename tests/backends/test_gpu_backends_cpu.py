@@ -15,14 +15,13 @@ import pytest
 import torch
 
 from localradix.config import ServerArgs
-from localradix.runner.base import SamplingBatch
 from localradix.runner.cuda_graphs import (
     graph_batch_sizes,
     pad_decode_batch,
     select_batch_size,
 )
 from localradix.sampling_params import SamplingParams
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 from .conftest import VOCAB
 from .gpu_fakes import FakeFlashInfer, FakeGraphApi, FakeTorchNpu, PagedSlots
@@ -537,7 +536,7 @@ def test_npu_older_scale_keyword_and_broken_op(monkeypatch, caplog):
 
 
 def _serve(runner, args: ServerArgs, prompts: list[list[int]], config) -> list[list[int]]:
-    from localradix.engine.messages import GenerateRequest
+    from localradix.messages import GenerateRequest
     from localradix.sched.scheduler import Scheduler
 
     sched = Scheduler(

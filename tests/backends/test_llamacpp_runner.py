@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import GenerateRequest
+from localradix.messages import GenerateRequest
 from localradix.sampling_params import SamplingParams
 
 from .conftest import HAS_LLAMA_CPP, bundled_gguf

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from localradix.backends.llamacpp.seq_map import SeqMap, _runs
 from localradix.config import ServerArgs
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
-from localradix.sched.batch import ForwardBatch
+from localradix.runner.base import ModelRunner
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 from .conftest import load_test_module
 

@@ -13,8 +13,7 @@ from localradix import SamplingParams
 from localradix.config import ServerArgs
 from localradix.loader import resolve_model
 from localradix.platform import Target, backend_specs
-from localradix.runner.base import SamplingBatch
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 from .conftest import HAS_LLAMA_CPP, bundled_gguf, load_test_module, requires_mlx
 

@@ -20,8 +20,7 @@ from localradix import Engine, SamplingParams
 from localradix.config import ServerArgs
 from localradix.loader import resolve_model
 from localradix.platform import Target, backend_specs
-from localradix.runner.base import SamplingBatch
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 from .conftest import hf_greedy, random_prompts, requires_mlx, token_lists
 

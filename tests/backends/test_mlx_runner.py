@@ -8,9 +8,8 @@ import pytest
 from localradix.config import ServerArgs
 from localradix.loader import resolve_model
 from localradix.platform import Target, backend_specs
-from localradix.runner.base import SamplingBatch
 from localradix.sampling_params import SamplingParams
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 from .conftest import VOCAB, requires_mlx
 

@@ -99,7 +99,7 @@ def test_bf16_kv_decodes_like_fp32_kv(smollm):
     import torch
 
     from localradix.runner.torch_runner import TorchRunner
-    from localradix.sched.batch import ForwardBatch
+    from localradix.step import ForwardBatch
 
     model, config, tokenizer = smollm
     prompt = tokenizer.encode(

@@ -11,7 +11,7 @@ import torch
 
 from localradix.loader import ModelSourceError, load_model, load_tokenizer, resolve_model
 from localradix.runner.attention import get_attention_backend
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 transformers = pytest.importorskip("transformers")
 

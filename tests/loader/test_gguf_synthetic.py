@@ -19,7 +19,7 @@ from localradix.loader import (
 )
 from localradix.loader.gguf_convert import WEIGHTS_FILE, cache_dir_for
 from localradix.runner.attention import get_attention_backend
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 from .conftest import byte_level_vocab, gguf, write_gguf
 

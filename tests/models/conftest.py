@@ -73,7 +73,7 @@ class Stepper:
 
     def step(self, new_tokens: dict[str, list[int]]) -> dict[str, torch.Tensor]:
         """One forward over a batch; returns each request's logits for its new tokens."""
-        from localradix.sched.batch import ForwardBatch
+        from localradix.step import ForwardBatch
 
         names, ids, tables, prefixes = list(new_tokens), [], [], []
         for name in names:

@@ -13,7 +13,7 @@ from localradix.runner.attention import (
     AttentionBackend,
     get_attention_backend,
 )
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 HQ, HKV, D = 6, 2, 8
 

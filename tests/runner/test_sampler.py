@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from localradix.runner.base import SamplingBatch
 from localradix.runner.sampler import apply_penalties, sample
 from localradix.sampling_params import SamplingParams
+from localradix.step import SamplingBatch
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
 

@@ -4,7 +4,7 @@ cached-but-unused tokens), on the deterministic hash model of the overlap tests.
 from __future__ import annotations
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import GenerateRequest
+from localradix.messages import GenerateRequest
 from localradix.sampling_params import SamplingParams
 from localradix.sched.scheduler import Scheduler
 

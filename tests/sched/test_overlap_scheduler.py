@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import GenerateRequest
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.messages import GenerateRequest
+from localradix.runner.base import ModelRunner
 from localradix.sampling_params import SamplingParams
-from localradix.sched.batch import ForwardBatch
 from localradix.sched.scheduler import Scheduler
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 VOCAB = 50
 EOS = 1

@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from localradix.engine.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
 
 EOS = 256
 GREEDY_TEXT = "The quick brown fox 🦊 jumps over the lazy dog. "

@@ -12,7 +12,7 @@ import zmq
 from fake_engine_core import FakeCore
 
 from localradix.config import ServerArgs
-from localradix.engine.messages import AbortRequest, EngineStats, FlushCache, GenerateRequest
+from localradix.messages import AbortRequest, EngineStats, FlushCache, GenerateRequest
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_process import EngineLoop, Shutdown
 from localradix.server.errors import from_decode_error

@@ -17,7 +17,7 @@ import torch
 
 from localradix.runner.cuda_graphs import DecodeGraphs, GraphApi, graph_batch_sizes
 from localradix.runner.torch_runner import TorchRunner
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs

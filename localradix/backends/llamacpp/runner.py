@@ -22,9 +22,9 @@ from localradix.backends.llamacpp.batch import LlamaBatch
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.models.config import ModelConfig
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVBudget, KVShape, plan_kv_budget
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from localradix.runner.attention import contiguous_run, shared_prefix_groups
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 MIN_SHARED_PREFIX = 64  # shortest prefix a decode group attends to once (see attention_torch)
 

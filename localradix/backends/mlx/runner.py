@@ -21,9 +21,9 @@ from localradix.backends.mlx.sampler import sample
 from localradix.backends.mlx.weights import load_weights
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
-from localradix.runner.base import ModelRunner, SampleOutput, SamplingBatch
+from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVShape, plan_kv_budget
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from localradix.runner.base import SampleOutput, SamplingBatch
+from localradix.step import SampleOutput, SamplingBatch
 
 
 def sample(logits: mx.array, sb: SamplingBatch) -> SampleOutput:

@@ -19,7 +19,7 @@ import torch
 
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.attention_torch import TorchNativeAttention
-from localradix.sched.batch import ForwardBatch
+from localradix.step import ForwardBatch
 
 logger = logging.getLogger("localradix.runner")
 

@@ -71,3 +71,16 @@ class EngineStats:
     requests: tuple[dict, ...] = field(default=())  # per running request: id, state, counts
     top_prefixes: tuple[dict, ...] = field(default=())  # largest cached prefixes
     recent_misses: tuple[dict, ...] = field(default=())  # where recent prompts diverged
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # the id the API serves it as
+    path: str
+    context_length: int
+    vocab_size: int
+    backend: str
+    device: str
+    dtype: str
+    kv_total_tokens: int
+    architecture: str = ""
