@@ -1,0 +1,36 @@
+"""Speculative decoding without a draft model: n-gram drafts from the request's own context
+and the radix cache, per-request adaptive draft length, and lossless verification.
+
+Numpy only (like `mem/`, `sched/`, `step/`): the scheduler drives it, every runner benefits.
+"""
+
+from localradix.spec.adaptive import AdaptiveConfig, AdaptiveK, SpecCounters
+from localradix.spec.ngram import ContextIndex, Draft, NgramConfig, NgramDrafter
+from localradix.spec.tree_source import Continuation, ContinuationSource, TreeContinuations
+from localradix.spec.verify import (
+    Verdict,
+    accept,
+    sample_targets,
+    token_uniforms,
+    verify,
+    verify_batch,
+)
+
+__all__ = [
+    "AdaptiveConfig",
+    "AdaptiveK",
+    "ContextIndex",
+    "Continuation",
+    "ContinuationSource",
+    "Draft",
+    "NgramConfig",
+    "NgramDrafter",
+    "SpecCounters",
+    "TreeContinuations",
+    "Verdict",
+    "accept",
+    "sample_targets",
+    "token_uniforms",
+    "verify",
+    "verify_batch",
+]
