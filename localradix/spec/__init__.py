@@ -10,10 +10,17 @@ from localradix.spec.tree_source import Continuation, ContinuationSource, TreeCo
 from localradix.spec.verify import (
     Verdict,
     accept,
+    accept_batch,
     sample_targets,
     token_uniforms,
     verify,
     verify_batch,
+)
+from localradix.spec.verify_rows import (
+    RollbackGrammar,
+    draft_masks,
+    expand_sampling,
+    position_uniforms,
 )
 
 __all__ = [
@@ -25,10 +32,15 @@ __all__ = [
     "Draft",
     "NgramConfig",
     "NgramDrafter",
+    "RollbackGrammar",
     "SpecCounters",
     "TreeContinuations",
     "Verdict",
     "accept",
+    "accept_batch",
+    "draft_masks",
+    "expand_sampling",
+    "position_uniforms",
     "sample_targets",
     "token_uniforms",
     "verify",

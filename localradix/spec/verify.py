@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Verdict", "accept", "sample_targets", "token_uniforms", "verify", "verify_batch"]
+__all__ = [
+    "Verdict",
+    "accept",
+    "accept_batch",
+    "sample_targets",
+    "token_uniforms",
+    "verify",
+    "verify_batch",
+]
 
 
 @dataclass(frozen=True)
@@ -97,5 +105,14 @@ def verify_batch(
     if sizes.sum() != len(probs) or len(uniform) != len(probs):
         raise ValueError(f"{sizes.sum()} rows needed, got {len(probs)} probs, {len(uniform)} draws")
     targets = sample_targets(probs, uniform, np.repeat(np.asarray(greedy, dtype=bool), sizes))
+    return accept_batch(drafts, targets)
+
+
+def accept_batch(drafts: Sequence[np.ndarray], targets: np.ndarray) -> list[Verdict]:
+    """Verdicts from the target token of every row (what a runner's sampler returns for the
+    rows of `spec.verify_rows.expand_sampling`): request i's k_i + 1 rows follow i-1's."""
+    sizes = np.array([len(d) + 1 for d in drafts], dtype=np.int64)
+    if sizes.sum() != len(targets):
+        raise ValueError(f"{sizes.sum()} target tokens needed, got {len(targets)}")
     starts = np.cumsum(sizes) - sizes
     return [accept(d, targets[s : s + n]) for d, s, n in zip(drafts, starts, sizes)]
