@@ -5,6 +5,7 @@ Numpy only (like `mem/`, `sched/`, `step/`): the scheduler drives it, every runn
 """
 
 from localradix.spec.adaptive import AdaptiveConfig, AdaptiveK, SpecCounters
+from localradix.spec.draft_kv import kept_kv_len, rejected_slots
 from localradix.spec.ngram import ContextIndex, Draft, NgramConfig, NgramDrafter
 from localradix.spec.tree_source import Continuation, ContinuationSource, TreeContinuations
 from localradix.spec.verify import (
@@ -40,7 +41,9 @@ __all__ = [
     "accept_batch",
     "draft_masks",
     "expand_sampling",
+    "kept_kv_len",
     "position_uniforms",
+    "rejected_slots",
     "sample_targets",
     "token_uniforms",
     "verify",
