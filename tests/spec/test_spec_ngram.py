@@ -97,7 +97,7 @@ OTHER = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
 
 def tree_drafter(cache: Cache, prompt: list[int], extra_key: str | None = None) -> NgramDrafter:
     cfg = NgramConfig(min_match=3, max_match=6)
-    source = TreeContinuations(cache.cache, cfg.min_match, cfg.max_match)
+    source = TreeContinuations(cache.cache, cfg.min_match, cfg.max_match, min_interval_s=0.0)
     return NgramDrafter(cfg, prompt, source, extra_key)
 
 
@@ -167,7 +167,7 @@ def test_a_stale_snapshot_is_harmless_and_refreshed():
     of the evicted keys (a draft the verifier will judge), until the periodic refresh."""
     mem = Cache()
     mem.put([1, 2] + OTHER)
-    source = TreeContinuations(mem.cache, refresh_every=3)
+    source = TreeContinuations(mem.cache, refresh_every=3, min_interval_s=0.0)
     assert source.continuation(np.array([52, 53, 54]), 2) is not None
     mem.cache.evict(100)
     mem.put([5] * 12)  # the same total size: not noticed
@@ -177,6 +177,30 @@ def test_a_stale_snapshot_is_harmless_and_refreshed():
         got = source.continuation(np.array([52, 53, 54]), 2)
     assert got is None
     assert source.continuation(np.array([5, 5, 5]), 2) is not None
+
+
+def test_snapshot_rebuilds_at_most_once_per_interval():
+    mem = Cache()
+    now = [0.0]
+    source = TreeContinuations(mem.cache, min_interval_s=1.0, clock=lambda: now[0])
+    mem.put(OTHER)
+    assert source.continuation(np.array([52, 53, 54]), 1) is not None  # first build
+    mem.put([70, 71, 72, 73])
+    now[0] = 0.5
+    assert source.continuation(np.array([70, 71, 72]), 1) is None  # too soon: stale
+    now[0] = 1.0
+    assert source.continuation(np.array([70, 71, 72]), 1).tokens.tolist() == [73]
+
+
+def test_common_grams_hash_collisions_and_many_candidates():
+    mem = Cache()
+    mem.put([1, 2, 3, 9] * 50)  # one anchor, 50 occurrences in one node
+    mem.put([8, 1, 2, 3, 4, 5])
+    source = TreeContinuations(mem.cache, min_interval_s=0.0)
+    got = source.continuation(np.array([8, 1, 2, 3]), 2)
+    assert got is not None and (got.tokens.tolist(), got.match_len) == ([4, 5], 4)
+    got = source.continuation(np.array([9, 1, 2, 3]), 2)
+    assert got is not None and (got.tokens.tolist(), got.match_len) == ([9, 1], 4)
 
 
 def test_tree_fallback_with_pages():
