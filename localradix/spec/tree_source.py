@@ -23,12 +23,13 @@ from typing import Protocol
 
 import numpy as np
 
+from localradix.spec.grams import gram_hashes
+
 __all__ = ["CachedNode", "CachedTree", "Continuation", "ContinuationSource", "TreeContinuations"]
 
 _SEPARATOR = np.array([-1], dtype=np.int64)  # between segments: never equals a token id
 _MAX_TRIES = 8  # best-ranked matches tried for a non-empty continuation
 _MAX_CANDIDATES = 1024  # occurrences of one anchor compared (a common gram may recur a lot)
-_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: gram hashes mix every token
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class TreeContinuations:
         """Flat positions where the suffix's last `min_match` tokens end inside a node's key,
         and how far back (up to `len(suffix)`) each agrees with the suffix."""
         flat, m = snap.flat, self.min_match
-        want = _gram_hashes(suffix[-m:], m)
+        want = gram_hashes(suffix[-m:], m)
         lo, hi = (
             np.searchsorted(snap.hashes, want[0]),
             np.searchsorted(snap.hashes, want[0], "right"),
@@ -189,7 +190,7 @@ class TreeContinuations:
         if not nodes:
             return _Snapshot(empty, empty, empty, (), (), empty.astype(np.uint64), empty)
         flat = np.concatenate(flats)
-        hashes = _gram_hashes(flat, self.min_match)
+        hashes = gram_hashes(flat, self.min_match)
         order = np.argsort(hashes, kind="stable")
         return _Snapshot(
             flat,
@@ -200,12 +201,3 @@ class TreeContinuations:
             hashes[order],
             order + self.min_match - 1,
         )
-
-
-def _gram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
-    """uint64 hash of every n-gram of `tokens` (entry i: the gram ending at i + n - 1)."""
-    t = tokens.astype(np.uint64)  # the separator -1 wraps to a value no token has
-    h = np.zeros(max(len(t) - n + 1, 0), dtype=np.uint64)
-    for j in range(n):
-        h = h * _HASH_MUL + t[j : len(t) - n + 1 + j]
-    return h

@@ -3,6 +3,8 @@ then the radix cache's sequences (a real RadixCache, read-only)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import Cache
@@ -33,9 +35,13 @@ def reference_match(tokens: list[int], cfg: NgramConfig) -> tuple[int, int] | No
 @given(
     st.lists(st.integers(0, 2), max_size=60),
     st.lists(st.integers(1, 7), min_size=1, max_size=20),
+    st.sampled_from([1, 5, 10_000]),
 )
-def test_match_is_the_longest_then_latest_and_incremental(tokens: list[int], chunks: list[int]):
-    index = ContextIndex(EXACT)
+def test_match_is_the_longest_then_latest_and_incremental(
+    tokens: list[int], chunks: list[int], bulk_min: int
+):
+    """Fed piece by piece (pieces of >= bulk_min tokens are indexed in bulk, with hashes)."""
+    index = ContextIndex(replace(EXACT, bulk_min=bulk_min))
     fed = 0
     for size in chunks * 10:  # extend piece by piece, checking after every piece
         if fed >= len(tokens):
@@ -47,12 +53,15 @@ def test_match_is_the_longest_then_latest_and_incremental(tokens: list[int], chu
 
 
 def test_each_token_indexes_at_most_one_gram():
-    """O(1) per token: the index grows by one position per appended token, never a rescan."""
+    """O(1) per appended token: one more position in the index, never a rescan."""
     index = ContextIndex(NgramConfig())
     tokens = np.random.default_rng(0).integers(0, 4, 2000)
-    index.extend(tokens)
-    stored = sum(len(v) for v in index._ends.values())
-    assert stored == len(tokens) - NgramConfig().min_match
+    index.extend(tokens[:1000])  # a prompt: indexed in bulk
+    assert len(index._bulk_ends) == 1000 - NgramConfig().min_match
+    for i, token in enumerate(tokens[1000:], 1):
+        index.extend([token])
+        assert sum(len(v) for v in index._ends.values()) == i
+    assert index.match() == reference_match(tokens.tolist(), index.config)
 
 
 def test_proposes_what_followed_the_longest_match():
