@@ -1,7 +1,7 @@
 """Batched sampling on the runner's device: penalties, temperature, top-k/top-p/min-p, logprobs.
 
 Randomness comes in as one uniform draw per request (`SamplingBatch.uniform`) and tokens are
-picked by inverse CDF, so a seeded request gives the same tokens alone or in any batch, on any
+picked by inverse CDF in vocabulary order (filters only zero tokens out), so a seeded request gives the same tokens alone or in any batch, on any
 backend. Host arrays go to the device with non-blocking copies, so sampling never makes the
 host wait for the device (the overlap scheduler relies on it).
 """
@@ -116,15 +116,18 @@ def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     probs = torch.softmax(scaled, dim=-1)
     if _needs_filter(sb):
-        probs, order = probs.sort(dim=-1, descending=True)
-        probs = probs.masked_fill(_filter_mask(probs, sb), 0.0)
-    else:
-        order = None
+        # Filter on the sorted distribution, then pick in vocabulary order like an unfiltered
+        # row: a seeded row's token must not depend on whether a batch mate filters.
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        cut = torch.empty_like(order, dtype=torch.bool)
+        cut.scatter_(1, order, _filter_mask(sorted_probs, sb))
+        probs = probs.masked_fill(cut, 0.0)
     cdf = probs.cumsum(dim=-1)
     u = _on(sb.uniform, device, cdf.dtype)
     pos = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
-    pos = pos.clamp_(max=probs.shape[1] - 1)
-    picked = pos if order is None else order.gather(1, pos)
+    # u * total can round up to the total: stay on the last token that can be drawn.
+    last = probs.shape[1] - 1 - (probs.flip(1) > 0).to(torch.int8).argmax(dim=-1, keepdim=True)
+    picked = torch.minimum(pos, last)
     return torch.where(greedy, logits.argmax(dim=-1), picked[:, 0])
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localradix.runner.sampler import apply_penalties, sample
 from localradix.sampling_params import SamplingParams
@@ -59,3 +61,24 @@ def test_logprobs_are_normalised():
     out = sample(LOGITS, _batch(p, 0.5))
     assert np.isclose(out.logprobs[0], np.log(0.5), atol=1e-5)
     assert out.top_ids.tolist() == [[0, 1]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    top_k=st.sampled_from([-1, 1, 2, 5]),
+    top_p=st.sampled_from([1.0, 0.9, 0.5]),
+    min_p=st.sampled_from([0.0, 0.1]),
+    mate_filters=st.booleans(),
+)
+def test_a_seeded_row_picks_the_same_token_whatever_its_batch_mates(
+    seed: int, top_k: int, top_p: float, min_p: float, mate_filters: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(rng.normal(size=(2, 12)).astype(np.float32))
+    row = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+    mate = SamplingParams(temperature=1.0, top_k=3 if mate_filters else -1)
+    u = rng.random(2)
+    alone = sample(logits[:1], SamplingBatch.build([row], u[:1], [None]))
+    batched = sample(logits, SamplingBatch.build([row, mate], u, [None, None]))
+    assert alone.token_ids[0] == batched.token_ids[0]

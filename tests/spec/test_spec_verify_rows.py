@@ -31,8 +31,8 @@ PARAMS = [
         temperature=1.2, top_p=0.97, repetition_penalty=1.2, frequency_penalty=0.3, seed=1234
     ),
 ]
-# Every sampled request filters (top-k/p): the runner's sampler picks by inverse CDF in sorted
-# order when any row of its batch filters, in vocabulary order otherwise (see the xfail below).
+# The runner's sampler picks by inverse CDF in vocabulary order whether or not a row filters
+# (top-k/p, min-p), so verify rows may share a batch with anything.
 
 
 def history(params: SamplingParams, prompt: list[int], out: list[int]):
@@ -100,12 +100,8 @@ def test_runner_sampler_over_verify_rows_equals_the_plain_loop(seed: int, use_ng
     assert got == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runner/sampler.py: a seeded request's token depends on whether a batch mate uses "
-    "top-k/top-p/min-p (sorted vs vocabulary-order inverse CDF); verify rows share batches",
-)
 def test_a_seeded_token_does_not_depend_on_batch_mates():
+    """Found by this suite: the pick order was sorted when any batch mate filtered."""
     torch = pytest.importorskip("torch")
     from localradix.runner.sampler import sample
 

@@ -60,17 +60,21 @@ def _sample_random(logits: mx.array, sb: SamplingBatch) -> mx.array:
     greedy = temperature == 0
     scaled = logits / mx.where(greedy, mx.ones_like(temperature), temperature)[:, None]
     probs = mx.softmax(scaled, axis=-1, precise=True)
-    order = None
     if _needs_filter(sb):
+        # Filter on the sorted distribution, pick in vocabulary order (as the torch sampler):
+        # a seeded row's token must not depend on whether a batch mate filters.
         order = mx.argsort(-probs, axis=-1)
-        probs = mx.take_along_axis(probs, order, axis=-1)
-        probs = mx.where(_filter_mask(probs, sb), mx.zeros_like(probs), probs)
+        cut_sorted = _filter_mask(mx.take_along_axis(probs, order, axis=-1), sb)
+        cut = mx.take_along_axis(cut_sorted, mx.argsort(order, axis=-1), axis=-1)
+        probs = mx.where(cut, mx.zeros_like(probs), probs)
     cdf = mx.cumsum(probs, axis=-1)
     u = mx.array(sb.uniform.astype(np.float32))
     target = (u * cdf[:, -1])[:, None]
     pos = mx.sum(cdf <= target, axis=-1, keepdims=True)  # searchsorted(right=True)
-    pos = mx.minimum(pos, probs.shape[1] - 1)
-    picked = pos if order is None else mx.take_along_axis(order, pos, axis=-1)
+    # u * total can round up to the total: stay on the last token that can be drawn.
+    vocab = probs.shape[1]
+    last = vocab - 1 - mx.argmax((probs[:, ::-1] > 0).astype(mx.int32), axis=-1, keepdims=True)
+    picked = mx.minimum(pos, last)
     return mx.where(greedy, mx.argmax(logits, axis=-1), picked[:, 0])
 
 
