@@ -96,7 +96,7 @@ class PrefillAdmission:
         _start_extend(req, extend)
         if req.cached_tokens < 0:  # its first admission (not a retracted request's return)
             req.cached_tokens = cached
-            self.slots.cache.record_hit(cached, len(req.prompt_ids) - cached)
+            self.stats.hits.record(cached, len(req.prompt_ids) - cached)
             self.stats.note_miss(req, match)
         if extend < todo:
             self.queues.chunked = req

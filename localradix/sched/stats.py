@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from localradix.mem.radix_cache import MatchResult
 from localradix.messages import EngineStats
@@ -23,6 +24,24 @@ logger = logging.getLogger("localradix.scheduler")
 PREFIXES_REFRESH_S = 1.0  # the stats' prefix ranking walks the whole tree: at most once a second
 
 
+@dataclass
+class CacheHits:
+    """Prompt tokens served from / missing in the cache, counted once per request (at its
+    first admission: a retracted request's return is not a new hit)."""
+
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+
+    def record(self, hit_tokens: int, miss_tokens: int) -> None:
+        self.hit_tokens += hit_tokens
+        self.miss_tokens += miss_tokens
+
+    @property
+    def rate(self) -> float:
+        seen = self.hit_tokens + self.miss_tokens
+        return self.hit_tokens / seen if seen else 0.0
+
+
 class SchedulerStats:
     def __init__(
         self, queues: RequestQueues, slots: SlotHandoff, decode: Decode, log_interval: int
@@ -32,6 +51,7 @@ class SchedulerStats:
         self.decode = decode
         self.log_interval = max(log_interval, 1)  # decode steps between two log lines
         self.retractions = 0
+        self.hits = CacheHits()
         self.prompt_tokens_total = 0
         self.generated_tokens_total = 0
         self.prefill_meter = ThroughputMeter()
@@ -97,8 +117,8 @@ class SchedulerStats:
             kv_used=cache.protected_size + sum(len(self.slots.owned(r)) for r in holders),
             kv_cached=cache.evictable_size,
             kv_free=pool.available,
-            cache_hit_tokens=cache.hit_tokens,
-            cache_miss_tokens=cache.miss_tokens,
+            cache_hit_tokens=self.hits.hit_tokens,
+            cache_miss_tokens=self.hits.miss_tokens,
             prompt_tokens_total=self.prompt_tokens_total,
             generated_tokens_total=self.generated_tokens_total,
             retractions=self.retractions,
