@@ -7,6 +7,7 @@ schedule policy; one long prompt at a time is prefilled in chunks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from localradix.config import ServerArgs
@@ -19,14 +20,12 @@ from localradix.sched.stats import SchedulerStats
 Verdict = Literal["ok", "skip", "stop"]
 
 
+@dataclass(eq=False)
 class PrefillAdmission:
-    def __init__(
-        self, args: ServerArgs, queues: RequestQueues, slots: SlotHandoff, stats: SchedulerStats
-    ) -> None:
-        self.args = args
-        self.queues = queues
-        self.slots = slots
-        self.stats = stats
+    args: ServerArgs
+    queues: RequestQueues
+    slots: SlotHandoff
+    stats: SchedulerStats
 
     def admit(self, new_token_ratio: float) -> list[Req]:
         """The requests that prefill in this step (empty when none fits), moved out of the

@@ -8,6 +8,7 @@ reserves for it) decays while decoding goes fine and resets after a retraction.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from localradix.config import ServerArgs
 from localradix.sched.queues import RequestQueues
@@ -21,21 +22,17 @@ MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from init to min
 
 
+@dataclass(eq=False)
 class DecodePlanner:
-    def __init__(
-        self,
-        args: ServerArgs,
-        queues: RequestQueues,
-        slots: SlotHandoff,
-        stats: SchedulerStats,
-        context_len: int,
-    ) -> None:
-        self.initial_ratio = args.new_token_ratio
-        self.new_token_ratio = args.new_token_ratio
-        self.queues = queues
-        self.slots = slots
-        self.stats = stats
-        self.context_len = context_len
+    args: ServerArgs
+    queues: RequestQueues
+    slots: SlotHandoff
+    stats: SchedulerStats
+    context_len: int
+    new_token_ratio: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.new_token_ratio = self.args.new_token_ratio
 
     def plan(self) -> list[Req]:
         """The decode batch of this step, retracting requests until its slots fit."""
@@ -50,7 +47,7 @@ class DecodePlanner:
         assert opened, "decode room was checked just above"
         for req in batch:
             req.extend_len = 1
-        step = (self.initial_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
+        step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
         return batch
 
@@ -92,5 +89,5 @@ class DecodePlanner:
         victim.retractions += 1
         self.queues.waiting.insert(0, victim)
         self.stats.retractions += 1
-        self.new_token_ratio = self.initial_ratio
+        self.new_token_ratio = self.args.new_token_ratio
         logger.info("Retracted %s (KV full); #running: %d", victim.rid, len(running))

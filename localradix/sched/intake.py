@@ -3,6 +3,8 @@ move constrained requests to the queue once their grammar has compiled."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from localradix.constrained.backend import GrammarBackend
@@ -13,23 +15,14 @@ from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import SchedulerStats
 
 
+@dataclass(eq=False)
 class Intake:
-    def __init__(
-        self,
-        queues: RequestQueues,
-        slots: SlotHandoff,
-        stats: SchedulerStats,
-        *,
-        context_len: int,
-        vocab_size: int,
-        grammar: GrammarBackend | None,
-    ) -> None:
-        self.queues = queues
-        self.slots = slots
-        self.stats = stats
-        self.context_len = context_len
-        self.vocab_size = vocab_size
-        self.grammar = grammar
+    queues: RequestQueues
+    slots: SlotHandoff
+    stats: SchedulerStats
+    context_len: int
+    vocab_size: int
+    grammar: GrammarBackend | None
 
     def add(self, msg: GenerateRequest) -> None:
         """Queue a new request (or report why not); clamp its max_new_tokens to the context."""

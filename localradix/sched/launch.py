@@ -8,7 +8,7 @@ remembers what step N needs at that later read.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,23 +41,15 @@ class InFlight:
         return any(r.grammar is not None or penalized(r) for r in self.reqs)
 
 
+@dataclass(eq=False)
 class StepLauncher:
-    def __init__(
-        self,
-        runner: ModelRunner,
-        queues: RequestQueues,
-        slots: SlotHandoff,
-        stop: StopChecker,
-        stats: SchedulerStats,
-        vocab_size: int,
-    ) -> None:
-        self.runner = runner
-        self.queues = queues
-        self.slots = slots
-        self.stop = stop
-        self.stats = stats
-        self.vocab_size = vocab_size
-        self._rng = np.random.default_rng()
+    runner: ModelRunner
+    queues: RequestQueues
+    slots: SlotHandoff
+    stop: StopChecker
+    stats: SchedulerStats
+    vocab_size: int
+    _rng: np.random.Generator = field(default_factory=np.random.default_rng, init=False)
 
     def launch(self, batch: list[Req]) -> InFlight:
         """Hand the batch to the runner and move its KV bookkeeping past it."""

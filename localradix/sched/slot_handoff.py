@@ -9,6 +9,8 @@ leaving request.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
@@ -17,12 +19,15 @@ from localradix.sched.cache_budget import is_one_off
 from localradix.sched.request import Req
 
 
+@dataclass(eq=False)
 class SlotHandoff:
-    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, cache: RadixCache) -> None:
-        self.pool = pool
-        self.req_pool = req_pool
-        self.cache = cache
-        self.page = pool.page_size
+    pool: KVPool
+    req_pool: ReqToTokenPool
+    cache: RadixCache
+
+    @property
+    def page(self) -> int:
+        return self.pool.page_size
 
     def round_up(self, n: int) -> int:
         """`n` tokens rounded up to whole pages."""
