@@ -82,7 +82,9 @@ def _check_tree(cache: RadixCache) -> np.ndarray:
 
 def _check_node(cache: RadixCache, node: TreeNode) -> None:
     page, parent = cache.page_size, node.parent
-    _require(parent is not None and cache._attached(node), f"{node!r} is not its parent's child")
+    _require(
+        parent is not None and cache.tree.attached(node), f"{node!r} is not its parent's child"
+    )
     _require(
         0 < len(node.key) == len(node.value) and len(node.key) % page == 0,
         f"{node!r}: key/value lengths {len(node.key)}/{len(node.value)}, page {page}",

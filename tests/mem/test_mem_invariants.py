@@ -55,13 +55,13 @@ def test_lock_count_out_of_step(m: Any) -> None:
 
 
 def test_size_counters_out_of_step(m: Any) -> None:
-    m.cache._evictable_size += 1
+    m.cache.tree.evictable += 1
     with pytest.raises(AssertionError, match="evictable/protected"):
         m.check()
 
 
 def test_stale_leaf_set(m: Any) -> None:
-    m.cache._leaves.clear()
+    m.cache.tree.leaves.clear()
     with pytest.raises(AssertionError, match="candidate"):
         m.check()
 

@@ -301,15 +301,6 @@ def test_reset_frees_everything_unless_locked(mem: MemFactory) -> None:
     m.check(idle=True)
 
 
-def test_hit_counters() -> None:
-    cache = RadixCache(KVPool(4))
-    assert cache.hit_rate == 0.0
-    cache.record_hit(30, 10)
-    cache.record_hit(0, 40)
-    assert (cache.hit_tokens, cache.miss_tokens) == (30, 50)
-    assert cache.hit_rate == pytest.approx(30 / 80)
-
-
 def test_top_prefixes_rank_by_prefill_saved(mem: MemFactory) -> None:
     m = mem(64)
     m.put(KEY)  # KEY has 8 tokens

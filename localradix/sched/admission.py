@@ -1,0 +1,108 @@
+"""Prefill admission: which waiting requests (and which chunk of the chunked one) prefill now.
+
+Prefill has priority over decode. The budget (`PrefillBudget`) is free + evictable KV minus
+what running requests will likely need to decode; the waiting queue is ordered by the
+schedule policy; one long prompt at a time is prefilled in chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from localradix.config import ServerArgs
+from localradix.sched.policy import PrefillBudget, order_waiting
+from localradix.sched.queues import RequestQueues
+from localradix.sched.request import Req, ReqState
+from localradix.sched.slot_handoff import SlotHandoff
+from localradix.sched.stats import SchedulerStats
+
+Verdict = Literal["ok", "skip", "stop"]
+
+
+@dataclass(eq=False)
+class PrefillAdmission:
+    args: ServerArgs
+    queues: RequestQueues
+    slots: SlotHandoff
+    stats: SchedulerStats
+
+    def admit(self, new_token_ratio: float) -> list[Req]:
+        """The requests that prefill in this step (empty when none fits), moved out of the
+        waiting queue with their slots reserved."""
+        q, limit = self.queues, self.args.max_running_requests
+        if q.chunked is None and (not q.waiting or len(q.running) >= limit):
+            return []
+        budget = self._budget(new_token_ratio)
+        if q.chunked is not None and not self._continue_chunk(budget):
+            return []
+        for req in order_waiting(q.waiting, self.args.schedule_policy, self.slots.match):
+            if len(q.running) + len(budget.admitted) >= limit:
+                break
+            if self._try_admit(req, budget) == "stop":
+                break
+        admitted = set(map(id, budget.admitted))
+        q.waiting = [r for r in q.waiting if id(r) not in admitted]
+        if budget.admitted:
+            self.stats.log_prefill(budget.admitted)
+        return budget.admitted
+
+    def _budget(self, ratio: float) -> PrefillBudget:
+        cache = self.slots.cache
+        return PrefillBudget(
+            available=self.slots.pool.available + cache.evictable_size,
+            reserved=sum(r.remaining_new_tokens * ratio for r in self.queues.running),
+            max_prefill_tokens=self.args.max_prefill_tokens,
+            chunk_size=self.args.chunked_prefill_size,
+            new_token_ratio=ratio,
+        )
+
+    def _continue_chunk(self, budget: PrefillBudget) -> bool:
+        """Schedule the next chunk of the chunked prefill; False if its slots do not fit."""
+        req = self.queues.chunked
+        assert req is not None
+        key = req.all_ids
+        todo = len(key) - req.kv_len
+        extend = budget.extend_size(req, todo) or min(todo, max(budget.chunk_size, 1))
+        extend = self.slots.align_chunk(extend, todo) or min(todo, self.slots.page)
+        if not self.slots.reserve(req, extend):
+            return False
+        _start_extend(req, extend)
+        self.queues.chunked = req if extend < todo else None
+        budget.take(req, extend, key, finishes_prompt=extend == todo)
+        return True
+
+    def _try_admit(self, req: Req, budget: PrefillBudget) -> Verdict:
+        """Admit `req` into the batch if it fits: 'ok', 'skip' (try the next one) or 'stop'."""
+        self.slots.match(req)  # fresh: an earlier admission this step may have evicted nodes
+        key = req.all_ids
+        match = req.prefix_match
+        # Always compute >= 1 token (for logits), and start on a page boundary.
+        page = self.slots.page
+        cached = min(match.matched_len, len(key) - 1) // page * page
+        if budget.shares_new_prefix(key, cached):
+            return "skip"
+        todo = len(key) - cached
+        extend = self.slots.align_chunk(budget.extend_size(req, todo), todo)
+        if extend == 0:
+            return "stop"
+        if extend < todo and self.queues.chunked is not None:
+            return "skip"  # one chunked prefill in flight at a time
+        evictable_before = self.slots.cache.evictable_size
+        if not self.slots.claim(req, match, cached, extend):
+            return "stop"
+        budget.room -= evictable_before - self.slots.cache.evictable_size  # locked, not free
+        _start_extend(req, extend)
+        if req.cached_tokens < 0:  # its first admission (not a retracted request's return)
+            req.cached_tokens = cached
+            self.stats.hits.record(cached, len(req.prompt_ids) - cached)
+            self.stats.note_miss(req, match)
+        if extend < todo:
+            self.queues.chunked = req
+        budget.take(req, extend, key, finishes_prompt=extend == todo)
+        return "ok"
+
+
+def _start_extend(req: Req, extend: int) -> None:
+    req.extend_len = extend
+    req.state = ReqState.PREFILL

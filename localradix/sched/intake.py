@@ -1,0 +1,104 @@
+"""Requests in and out of the queues: add (checked against the model's limits), abort, and
+move constrained requests to the queue once their grammar has compiled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from localradix.constrained.backend import GrammarBackend
+from localradix.messages import GenerateRequest, RequestOutput
+from localradix.sched.queues import RequestQueues
+from localradix.sched.request import Req
+from localradix.sched.slot_handoff import SlotHandoff
+from localradix.sched.stats import SchedulerStats
+
+
+@dataclass(eq=False)
+class Intake:
+    queues: RequestQueues
+    slots: SlotHandoff
+    stats: SchedulerStats
+    context_len: int
+    vocab_size: int
+    grammar: GrammarBackend | None
+
+    def add(self, msg: GenerateRequest) -> None:
+        """Queue a new request (or report why not); clamp its max_new_tokens to the context."""
+        q = self.queues
+        req = Req(
+            rid=msg.rid,
+            prompt_ids=np.asarray(msg.input_ids, dtype=np.int64),
+            params=msg.params,
+            extra_key=msg.extra_key,
+        )
+        error = self._reject_reason(req)
+        if error is not None:
+            q.rejected.append(RequestOutput(msg.rid, (), True, "error", error=error))
+            return
+        room = self.context_len - len(req.prompt_ids)
+        if req.params.max_new_tokens > room:
+            req.params = req.params.replace(max_new_tokens=room)
+        q.by_rid[req.rid] = req
+        self.stats.prompt_tokens_total += len(req.prompt_ids)
+        if req.params.max_new_tokens == 0:
+            req.finish("length")
+            q.touch(req)
+            return
+        if req.params.constraint is not None:
+            assert self.grammar is not None  # checked by _reject_reason
+            req.grammar_future = self.grammar.submit(req.params.constraint)
+            q.compiling.append(req)
+            return
+        q.waiting.append(req)
+
+    def _reject_reason(self, req: Req) -> str | None:
+        n = len(req.prompt_ids)
+        if req.rid in self.queues.by_rid:
+            return f"request id {req.rid!r} is already in use"
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.context_len:
+            return (
+                f"the prompt has {n} tokens but the model's context length is "
+                f"{self.context_len}; shorten the prompt"
+            )
+        total = self.slots.pool.total
+        if n + 1 > total:
+            return (
+                f"the prompt has {n} tokens but the KV cache holds only {total}; "
+                "raise --max-total-tokens or shorten the prompt"
+            )
+        if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
+            return f"token ids must be in [0, {self.vocab_size})"
+        if req.params.constraint is not None and self.grammar is None:
+            return "constrained decoding is not available: pip install xgrammar"
+        return None
+
+    def abort(self, rid: str) -> None:
+        """Finish a live request as aborted and give its KV back (a no-op once it is done)."""
+        req = self.queues.by_rid.get(rid)
+        if req is None or req.finished:
+            return
+        req.finish("abort")
+        self.queues.remove(req)
+        self.slots.release(req)
+        self.queues.touch(req)
+
+    def collect_grammars(self) -> None:
+        """Move requests whose grammar finished compiling to the queue (or fail them)."""
+        assert self.grammar is not None
+        q, still = self.queues, []
+        for req in q.compiling:
+            future = req.grammar_future
+            if not future.done():
+                still.append(req)
+            elif future.exception() is not None:
+                req.fail(str(future.exception()))
+                q.by_rid.pop(req.rid, None)
+                q.touch(req)
+            else:
+                req.grammar = self.grammar.new_state(future.result())
+                q.waiting.append(req)
+        q.compiling = still

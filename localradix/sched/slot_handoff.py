@@ -1,0 +1,128 @@
+"""The KV slot handoff between a request and the radix tree (DESIGN §5: one owner per slot).
+
+A request's row in the `ReqToTokenPool` maps its positions to slots: `[:cached_len]` belong
+to the tree (kept alive by the lock on `last_node`), `[cached_len:kv_len]` and the reserved
+rest of its open page belong to the request. This room moves slots across that line: claim a
+cached prefix at admission, reserve new slots, hand computed KV to the tree, release a
+leaving request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from localradix.mem.kv_pool import KVPool, ReqToTokenPool
+from localradix.mem.radix_cache import MatchResult, RadixCache
+from localradix.sched.cache_budget import is_one_off
+from localradix.sched.request import Req
+
+
+@dataclass(eq=False)
+class SlotHandoff:
+    pool: KVPool
+    req_pool: ReqToTokenPool
+    cache: RadixCache
+
+    @property
+    def page(self) -> int:
+        return self.pool.page_size
+
+    def round_up(self, n: int) -> int:
+        """`n` tokens rounded up to whole pages."""
+        return -(-n // self.page) * self.page
+
+    def align_chunk(self, extend: int, todo: int) -> int:
+        """A chunk that stops short of the prompt's end must end on a page boundary."""
+        return extend if extend >= todo else extend // self.page * self.page
+
+    def match(self, req: Req) -> None:
+        """Refresh `req.prefix_match`: the cached prefix of its tokens (takes no lock)."""
+        req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+
+    def owned(self, req: Req) -> np.ndarray:
+        """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
+        assert req.row is not None
+        return self.req_pool.table[req.row, req.cached_len : self.round_up(req.kv_len)]
+
+    def claim(self, req: Req, match: MatchResult, cached: int, extend: int) -> bool:
+        """Give `req` a row, lock its first `cached` matched tokens and reserve slots for the
+        next `extend`; False (everything undone) if the rows or the pool are short."""
+        row = self.req_pool.alloc()
+        if row is None:
+            return False
+        self.cache.lock(match.last_node)
+        req.row, req.kv_len = row, cached
+        if not self.reserve(req, extend):
+            self.cache.unlock(match.last_node)
+            self.req_pool.free(row)
+            req.row, req.kv_len = None, 0
+            return False
+        req.last_node, req.cached_len = match.last_node, cached
+        self.req_pool.table[row, :cached] = match.indices[:cached]
+        return True
+
+    def reserve(self, req: Req, n: int) -> bool:
+        """Map positions [kv_len, kv_len + n) to slots: the rest of the request's open page,
+        then whole new pages (their unused tail stays reserved in the table row)."""
+        assert req.row is not None
+        start, open_end = req.kv_len, self.round_up(req.kv_len)
+        need = n - min(open_end - start, n)
+        if need == 0:
+            return True
+        slots = self.pool.alloc(self.round_up(need))
+        if slots is None:
+            return False
+        self.req_pool.table[req.row, open_end : open_end + len(slots)] = slots
+        return True
+
+    def decode_need(self, batch: list[Req]) -> int:
+        """Slots one decode step must allocate: a page for each request whose page is full."""
+        return sum(r.kv_len % self.page == 0 for r in batch) * self.page
+
+    def open_decode_pages(self, batch: list[Req]) -> bool:
+        """Give each request whose page is full a new page; False (nothing taken) if short."""
+        opening = [r for r in batch if r.kv_len % self.page == 0]
+        slots = self.pool.alloc(len(opening) * self.page)
+        if slots is None:
+            return False
+        for i, req in enumerate(opening):
+            assert req.row is not None
+            page = slots[i * self.page : (i + 1) * self.page]
+            self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
+        return True
+
+    def cache_unfinished(self, req: Req) -> None:
+        """Insert the computed prefix into the tree so others can share it; move our lock."""
+        if self.cache.disable:
+            return
+        assert req.row is not None
+        slots = self.req_pool.table[req.row, : req.kv_len]
+        ids = req.all_ids[: req.kv_len]
+        already = self.cache.insert(ids, slots.copy(), req.extra_key, cold=is_one_off(req))
+        self.pool.free(slots[req.cached_len : already])
+        match = self.cache.match_prefix(ids, extra_key=req.extra_key, count_hit=False)
+        self.req_pool.table[req.row, : match.matched_len] = match.indices
+        self.cache.lock(match.last_node)
+        self.cache.unlock(req.last_node)
+        req.last_node, req.cached_len = match.last_node, match.matched_len
+
+    def release(self, req: Req) -> None:
+        """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
+        if req.row is None:
+            return
+        slots = self.req_pool.table[req.row, : self.round_up(req.kv_len)].copy()
+        if self.cache.disable:
+            self.pool.free(slots)
+        else:
+            whole = req.kv_len // self.page * self.page  # the tree keeps whole pages only
+            cold = is_one_off(req)
+            already = self.cache.insert(
+                req.all_ids[:whole], slots[:whole], req.extra_key, cold=cold
+            )
+            self.pool.free(slots[req.cached_len : already])
+            self.pool.free(slots[whole:])  # the open page, reserved tail included
+            self.cache.unlock(req.last_node)
+        self.req_pool.free(req.row)
+        req.row, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
