@@ -38,8 +38,8 @@ def add_run_parser(subparsers: Any) -> None:
 
 
 def run_chat(ns: argparse.Namespace) -> int:
-    from localradix.config import ServerArgs, args_from_namespace
     from localradix import Engine
+    from localradix.config import ServerArgs, args_from_namespace
     from localradix.sampling_params import SamplingParams
 
     args = args_from_namespace(ns)
