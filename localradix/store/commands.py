@@ -4,6 +4,7 @@ torch until a command runs)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -25,6 +26,8 @@ def add_pull_parser(subparsers: Any) -> None:
 
 def run_pull(ns: argparse.Namespace) -> int:
     from localradix.store.lookup import find_entry
+
+    _quiet_http_logs()
     from localradix.store.names import human_size
 
     local = None if "/" in ns.model else find_entry(ns.model)
@@ -125,6 +128,14 @@ def run_alias(ns: argparse.Namespace) -> int:
     set_alias(ns.alias, entry.ref)
     print(f"{check_alias(ns.alias)} -> {entry.ref}")
     return 0
+
+
+def _quiet_http_logs() -> None:
+    """No log line per HTTP request (the progress bars tell); huggingface-hub's warnings (a
+    resumed download) keep its own handler, without a second copy through ours."""
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("huggingface_hub").propagate = False
 
 
 def _confirm(question: str, yes: bool) -> bool:

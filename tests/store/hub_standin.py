@@ -14,7 +14,8 @@ _snapshot_download.py and file_download.py). Routes served:
   `EntryNotFound`.
 
 `cut[path] = n` makes the next full GET of `path` send its headers and n bytes, then drop the
-connection; `die_on_cut` also stops the whole stand-in at that moment (a hub gone mid-file).
+connection; with `die_on_cut` the stand-in then drops every connection unanswered, as a hub gone
+mid-file would (`stop()` closes its port).
 Every request is logged as (method, path, Range header).
 """
 
@@ -50,6 +51,7 @@ class HubStandIn:
     port: int = 0
     cut: dict[str, int] = field(default_factory=dict)
     die_on_cut: bool = False
+    dead: bool = False
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -91,6 +93,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
+        if self.hub.dead:
+            self.close_connection = True
+            return
         self.hub.log.append((self.command, path, self.headers.get("Range")))
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) >= 6:
@@ -139,8 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)
-            if self.hub.die_on_cut:
-                threading.Thread(target=self.hub.stop, daemon=True).start()
+            self.hub.dead = self.hub.die_on_cut
 
     def _repo(self, repo_id: str, revision: str) -> Repo | None:
         repo = self.hub.repos.get(repo_id)
