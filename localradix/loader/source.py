@@ -4,7 +4,7 @@ Accepted specs: None (the bundled SmolLM2-135M-Instruct GGUF, fetched on first u
 bundled.py), a `*.gguf` file, a folder holding `config.json` (Hugging Face layout), a folder
 holding exactly one `.gguf`, or a model in the store (localradix/store/: the hub cache) by alias
 (`smollm2:135m-q4_1`), `org/name:QUANT` or `org/name`. Resolving never downloads anything but
-the bundled model; `localradix pull` fills the store.
+the bundled model; `pull` (localradix/store/pull.py) fills the store.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """User-given aliases: `<localradix cache>/aliases.json`, a JSON object `{"alias": "REPO:QUANT"}`.
 
-Derived aliases need no file; this one holds only the names a user chose (`localradix alias`),
+Derived aliases need no file; this one holds only the names a user chose (the `alias` command),
 and may be edited by hand.
 """
 

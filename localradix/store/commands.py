@@ -1,4 +1,4 @@
-"""`localradix pull | ls | rm | alias`: the store's subcommands (light to import: no hub, no
+"""The store's subcommands: pull, ls, rm and alias (light to import: no hub, no
 torch until a command runs)."""
 
 from __future__ import annotations
