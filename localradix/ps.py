@@ -1,10 +1,11 @@
 """`localradix ps`: the models a running server has loaded, asked over HTTP (`/v1/models` for
-the names, `/stats` for where each runs). A server serves one model today; the table has a
+the names, `/v1/stats` for where each runs). A server serves one model today; the table has a
 row per model the server lists, so it stays right when a server holds several."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
@@ -26,6 +27,7 @@ def add_ps_parser(subparsers: Any) -> None:
 
 
 def run_ps(ns: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
     models, stats = _fetch(ns.url.rstrip("/"), ns.api_key)
     info = stats.get("model") or {}
     rows = [("NAME", "BACKEND", "DEVICE", "CONTEXT", "KV TOKENS", "UP")]
@@ -51,7 +53,7 @@ def _fetch(url: str, api_key: str | None) -> tuple[list[dict[str, Any]], dict[st
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
             models = client.get("/v1/models")
-            stats = client.get("/stats")
+            stats = client.get("/v1/stats")
     except httpx.HTTPError as exc:
         raise ModelSourceError(
             f"no server answers at {url} ({describe_error(exc)}): start one with "
