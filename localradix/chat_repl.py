@@ -40,14 +40,16 @@ def add_run_parser(subparsers: Any) -> None:
 def run_chat(ns: argparse.Namespace) -> int:
     from localradix import Engine
     from localradix.config import ServerArgs, args_from_namespace
+    from localradix.loader import resolve_model
     from localradix.sampling_params import SamplingParams
 
     args = args_from_namespace(ns)
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)}
     fields.pop("model")
     params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=ns.temperature)
+    name = resolve_model(ns.model).name  # cheap: the engine resolves it again to load it
     with Engine(model=ns.model, **fields) as engine:
-        print(f"{engine.core.info.name} ({HELP})", flush=True)
+        print(f"{name} ({HELP})", flush=True)
         chat_loop(engine, params, input, ns.system)
     return 0
 
