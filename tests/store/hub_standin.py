@@ -14,8 +14,9 @@ _snapshot_download.py and file_download.py). Routes served:
   `EntryNotFound`.
 
 `cut[path] = n` makes the next full GET of `path` send its headers and n bytes, then drop the
-connection; with `die_on_cut` the stand-in then drops every connection unanswered, as a hub gone
-mid-file would (`stop()` closes its port).
+connection; with `die_on_cut` it first waits until the repo's other files were served (so the
+test does not race the client's parallel downloads), then drops every connection unanswered, as
+a hub gone mid-file would (`stop()` closes its port).
 Every request is logged as (method, path, Range header).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +54,7 @@ class HubStandIn:
     cut: dict[str, int] = field(default_factory=dict)
     die_on_cut: bool = False
     dead: bool = False
+    served: set[str] = field(default_factory=set)  # files sent whole
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -139,12 +142,21 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return
         cut = self.hub.cut.pop(path, None) if not start else None
+        if cut is not None and self.hub.die_on_cut:
+            self._wait_served(set(repo.files) - {path})
         self.wfile.write(data[start : cut if cut is not None else len(data)])
-        if cut is not None:
+        if cut is None:
+            self.hub.served.add(path)
+        else:
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)
             self.hub.dead = self.hub.die_on_cut
+
+    def _wait_served(self, paths: set[str], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not paths <= self.hub.served and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _repo(self, repo_id: str, revision: str) -> Repo | None:
         repo = self.hub.repos.get(repo_id)
