@@ -56,7 +56,7 @@ def write_split_gguf(folder: Path) -> list[Path]:
 def write_tiny_folder(folder: Path) -> dict[str, Path]:
     """A random-weight Llama folder as the hub holds one, with files a model does not need."""
     transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     config = transformers.LlamaConfig(
         vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -64,7 +64,9 @@ def write_tiny_folder(folder: Path) -> dict[str, Path]:
     )  # fmt: skip
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate("abcdefghijklm")}}
-    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     (folder / "README.md").write_text("# tiny\n")
     (folder / "pytorch_model.bin").write_bytes(b"not needed: safetensors are there")

@@ -153,6 +153,21 @@ def test_offline_serve_of_a_user_alias_answers_through_openai(env, hub, home):
     assert "HF_HUB_OFFLINE is set" in line
 
 
+def test_offline_serve_of_a_pulled_folder_by_its_derived_alias(env, home):
+    import openai
+
+    proc, url = start_serve({**env, "HF_HUB_OFFLINE": "1"}, "tiny-llama:1m-f32", home / "f.log")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+        reply = client.completions.create(
+            model="tiny-llama:1m-f32", prompt="a b c", max_tokens=4, temperature=0
+        )
+        assert reply.model == "tiny-llama:1m-f32" and 0 < reply.usage.completion_tokens <= 4
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def test_rm_asks_then_removes_the_files_and_the_alias(env, home):
     line = one_line_error(cli(env, "rm", "smol:pulled"))
     assert "pass --yes" in line
