@@ -94,13 +94,13 @@ def _from_dir(path: Path) -> ModelSource:
 
 
 def _hub_cache_snapshot(repo_id: str) -> Path | None:
-    """The newest local snapshot of `org/name` in the Hugging Face hub cache, if any."""
+    """The newest snapshot of `org/name` holding config.json (weights or not: the store lists
+    only whole models, this finds what an older localradix found)."""
+    from localradix.store.catalog import repo_dir
+
     if repo_id.count("/") != 1:
         return None
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
-    )
-    snapshots = Path(hub) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    snapshots = repo_dir(repo_id) / "snapshots"
     if not snapshots.is_dir():
         return None
     found = [p for p in snapshots.iterdir() if (p / "config.json").is_file()]

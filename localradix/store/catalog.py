@@ -49,14 +49,18 @@ class ModelFacts:
 
 
 def hub_cache() -> Path:
-    """The hub's cache folder, found as huggingface-hub finds it (without importing it)."""
-    configured = os.environ.get("HF_HUB_CACHE")
-    if configured:
-        return Path(configured).expanduser()
+    """The hub's cache folder, found as huggingface-hub's constants.py finds it (without
+    importing it): $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/..."""
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
     )
-    return Path(home).expanduser() / "hub"
+    folder = (
+        os.environ.get("HF_HUB_CACHE")
+        or os.environ.get("HUGGINGFACE_HUB_CACHE")
+        or os.path.join(os.path.expanduser(os.path.expandvars(home)), "hub")
+    )
+    return Path(os.path.expandvars(os.path.expanduser(folder)))
 
 
 def repo_dir(repo: str) -> Path:
