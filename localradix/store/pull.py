@@ -72,7 +72,15 @@ def pull(ref: str, revision: str = "main") -> StoreEntry:
             f"{ref!r} is not a repo id: give ORG/NAME[:QUANT] as in the repo's address, "
             "e.g. `localradix pull bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M`"
         )
-    plan = plan_pull(repo, hub.repo_files(repo, revision), tag)
+    try:
+        sizes = hub.repo_files(repo, revision)
+    except StoreError:
+        local = _already_pulled(ref)
+        if local is None:
+            raise
+        print(f"{local.ref} is in the store; the hub did not answer, so it is not updated")
+        return local
+    plan = plan_pull(repo, sizes, tag)
     print(f"pulling {plan.repo}: {', '.join(plan.files)} ({human_size(plan.size)})", flush=True)
     existed = repo_dir(repo).exists()
     try:
@@ -83,6 +91,15 @@ def pull(ref: str, revision: str = "main") -> StoreEntry:
         _forget_if_empty(repo, existed)
         raise
     return entry
+
+
+def _already_pulled(ref: str) -> StoreEntry | None:
+    from localradix.store.lookup import find_entry
+
+    try:
+        return find_entry(ref)
+    except StoreError:  # several quants of the repo: the pull names none of them
+        return None
 
 
 def _entry_of(plan: PullPlan, entries: list[StoreEntry]) -> StoreEntry:

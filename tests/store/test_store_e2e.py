@@ -149,8 +149,10 @@ def test_offline_serve_of_a_user_alias_answers_through_openai(env, hub, home):
     finally:
         proc.terminate()
         proc.wait(60)
-    line = one_line_error(cli(offline, "pull", FOLDER_REPO))
+    line = one_line_error(cli(offline, "pull", f"{GGUF_REPO}:Q8_0"))
     assert "HF_HUB_OFFLINE is set" in line
+    r = cli(offline, "pull", FOLDER_REPO)  # already here: fine offline
+    assert r.returncode == 0 and "is in the store; the hub did not answer" in r.stdout
 
 
 def test_offline_serve_of_a_pulled_folder_by_its_derived_alias(env, home):
