@@ -17,6 +17,7 @@ from typing import Any
 from localradix.store.names import derive_alias, gguf_choices, quant_of
 
 BUNDLED_REF = "bundled"
+_GENERATIVE = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 _DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
@@ -109,6 +110,8 @@ def folder_entry(repo: str, snapshot: Path, sizes: dict[str, int]) -> StoreEntry
     if "config.json" not in sizes or not weights:
         return None
     config = _read_json(snapshot / "config.json")
+    if not _generates_text(config):
+        return None  # an encoder, a classifier: in the hub cache, not a model to chat with
     quant = config.get("quantization")
     if isinstance(quant, dict) and "bits" in quant:
         fmt, label = "mlx", f"{quant['bits']}bit"
@@ -147,6 +150,13 @@ def describe(entry: StoreEntry) -> ModelFacts | None:
         return ModelFacts(str(archs[0]), config.get("max_position_embeddings"))
     except (OSError, ValueError, KeyError, IndexError):
         return None
+
+
+def _generates_text(config: dict[str, Any]) -> bool:
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs:
+        return True  # unnamed: let loading decide
+    return any(str(a).endswith(_GENERATIVE) for a in archs)
 
 
 def _is_weights(name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from localradix.store import StoreError
 from localradix.store.catalog import StoreEntry, repo_dir, snapshot_entries
@@ -85,7 +86,7 @@ def pull(ref: str, revision: str = "main") -> StoreEntry:
     existed = repo_dir(repo).exists()
     try:
         snapshot = hub.download(repo, revision, list(plan.files))
-        entry = _entry_of(plan, list(snapshot_entries(repo, snapshot)))
+        entry = _entry_of(plan, snapshot)
         _check_or_remove(entry)
     except BaseException:
         _forget_if_empty(repo, existed)
@@ -102,11 +103,18 @@ def _already_pulled(ref: str) -> StoreEntry | None:
         return None
 
 
-def _entry_of(plan: PullPlan, entries: list[StoreEntry]) -> StoreEntry:
-    for entry in entries:
+def _entry_of(plan: PullPlan, snapshot: Path) -> StoreEntry:
+    """The store entry the downloaded files make; else they are removed (an encoder, say)."""
+    from localradix.store.remove import remove_files
+
+    for entry in snapshot_entries(plan.repo, snapshot):
         if entry.variant == plan.variant and (plan.variant is not None or entry.format != "gguf"):
             return entry
-    raise StoreError(f"{plan.repo}: the downloaded files do not make a model; pull it again")
+    remove_files(plan.repo, [snapshot / f for f in plan.files])
+    raise StoreError(
+        f"{plan.repo} is not a model that generates text (see its config.json "
+        '"architectures"); its files were removed. Pull a causal language model'
+    )
 
 
 def _check_or_remove(entry: StoreEntry) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from localradix.store.catalog import StoreEntry, hub_cache, repo_dir
@@ -12,10 +13,15 @@ from localradix.store.catalog import StoreEntry, hub_cache, repo_dir
 
 def remove_entry(entry: StoreEntry) -> None:
     assert entry.repo is not None, "the bundled model is not removable"
-    folder = repo_dir(entry.repo)
-    for path in entry.files:
+    remove_files(entry.repo, entry.files)
+
+
+def remove_files(repo: str, files: Iterable[Path]) -> None:
+    """Delete these snapshot files of `repo`, then what is left empty."""
+    folder = repo_dir(repo)
+    for path in files:
         _remove_file(path, folder)
-    prune(entry.repo)
+    prune(repo)
 
 
 def remove_repo(repo: str) -> bool:

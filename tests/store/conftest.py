@@ -21,6 +21,7 @@ GGUF_REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
 SPLIT_REPO = "test-org/Tiny-2M-GGUF"
 FOLDER_REPO = "test-org/tiny-llama-1M"
 EMPTY_REPO = "test-org/no-model"
+ENCODER_REPO = "test-org/bert-tiny"
 SHARDS = ("Tiny-2M-Q8_0-00001-of-00002.gguf", "Tiny-2M-Q8_0-00002-of-00002.gguf")
 
 
@@ -75,6 +76,14 @@ def write_tiny_folder(folder: Path) -> dict[str, Path]:
     return {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
 
 
+def write_encoder_folder(folder: Path) -> dict[str, Path]:
+    """A repo of an encoder (config.json and weights, but nothing that generates text)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    return {p.name: p for p in folder.iterdir()}
+
+
 @pytest.fixture(scope="session")
 def hub_repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Repo]:
     files = tmp_path_factory.mktemp("hub-files")
@@ -97,6 +106,7 @@ def hub_repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Repo]:
         SPLIT_REPO: Repo({p.name: p for p in shards}),
         FOLDER_REPO: Repo(write_tiny_folder(files / "tiny")),
         EMPTY_REPO: Repo({"README.md": readme}),
+        ENCODER_REPO: Repo(write_encoder_folder(files / "encoder")),
     }
 
 

@@ -85,3 +85,11 @@ def test_user_aliases_win_and_are_kept_in_a_json_file(store, tmp_path):
 def test_a_split_model_missing_a_shard_is_not_listed(store):
     put(store, "org/Big-GGUF", {"Big-70B-Q4_K_M-00001-of-00002.gguf": b"x"})
     assert [e.ref for e in scan()] == ["bundled"]
+
+
+def test_encoders_in_the_hub_cache_are_not_listed(store):
+    config = json.dumps({"architectures": ["BertModel"]}).encode()
+    put(store, "org/bert", {"config.json": config, "model.safetensors": b"w"})
+    config = json.dumps({"architectures": ["Qwen2ForCausalLM"]}).encode()
+    put(store, "org/Qwen-1B", {"config.json": config, "model.safetensors": b"w"})
+    assert [e.ref for e in scan()] == ["bundled", "org/Qwen-1B"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import (
     EMPTY_REPO,
+    ENCODER_REPO,
     FOLDER_REPO,
     GGUF_REPO,
     cli,
@@ -87,6 +88,7 @@ def test_ls_lists_both_and_the_bundled_model(env):
         ("test-org/nope", "no model repo 'test-org/nope' on http://127.0.0.1:"),
         (f"{GGUF_REPO}:Q5_K_M", "quant 'Q5_K_M' is not one of test-org/SmolLM2-135M-Instruct-GGUF"),
         (EMPTY_REPO, "test-org/no-model holds no model files"),
+        (ENCODER_REPO, "test-org/bert-tiny is not a model that generates text"),
         (f"{FOLDER_REPO}:Q4_0", "has no GGUF files, so no quant 'Q4_0' to pick"),
         ("not-a-repo", "is not a repo id"),
     ],
