@@ -13,6 +13,10 @@ from pathlib import Path
 from localradix.store import StoreError
 
 
+class HubUnreachable(StoreError):
+    """No answer from the hub: offline mode, or no connection."""
+
+
 def endpoint() -> str:
     from huggingface_hub import constants
 
@@ -50,7 +54,7 @@ def hub_error(exc: Exception, repo: str, revision: str) -> Exception:
     if isinstance(exc, OfflineModeIsEnabled) or (
         isinstance(exc, errors.LocalEntryNotFoundError) and _offline()
     ):
-        return StoreError(
+        return HubUnreachable(
             f"cannot pull {repo}: HF_HUB_OFFLINE is set; unset it to download (models already "
             "pulled load offline: `localradix ls`)"
         )
@@ -69,7 +73,7 @@ def hub_error(exc: Exception, repo: str, revision: str) -> Exception:
     if isinstance(exc, errors.HfHubHTTPError):  # an OSError too: test it first
         return StoreError(f"{where} refused {repo}: {_first_line(exc)}")
     if isinstance(exc, (httpx2.TransportError, OSError)):  # a cut connection, a full disk
-        return StoreError(
+        return HubUnreachable(
             f"cannot download {repo} from {where} ({_first_line(exc)}): check the network (or "
             "HF_ENDPOINT), then run the same pull again; finished files are kept"
         )

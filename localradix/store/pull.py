@@ -75,7 +75,7 @@ def pull(ref: str, revision: str = "main") -> StoreEntry:
         )
     try:
         sizes = hub.repo_files(repo, revision)
-    except StoreError:
+    except hub.HubUnreachable:
         local = _already_pulled(ref)
         if local is None:
             raise
