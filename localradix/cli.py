@@ -29,6 +29,12 @@ COMMANDS: dict[str, Command] = {
     "tui": Command("localradix.tui", "add_tui_parser", "run_tui"),
     "up": Command("localradix.tui", "add_up_parser", "run_default"),  # serve + attach the TUI
     "pull-bundled": Command("localradix.loader.bundled", "add_pull_parser", "run_pull"),
+    "pull": Command("localradix.store.commands", "add_pull_parser", "run_pull"),
+    "ls": Command("localradix.store.commands", "add_ls_parser", "run_ls"),
+    "rm": Command("localradix.store.commands", "add_rm_parser", "run_rm"),
+    "alias": Command("localradix.store.commands", "add_alias_parser", "run_alias"),
+    "run": Command("localradix.chat_repl", "add_run_parser", "run_chat"),
+    "ps": Command("localradix.ps", "add_ps_parser", "run_ps"),
 }
 # What a bare `localradix` (or `localradix --model X.gguf`) runs: a server with the TUI on it.
 DEFAULT_COMMAND: str | None = "up"

@@ -2,8 +2,9 @@
 
 Accepted specs: None (the bundled SmolLM2-135M-Instruct GGUF, fetched on first use: see
 bundled.py), a `*.gguf` file, a folder holding `config.json` (Hugging Face layout), a folder
-holding exactly one `.gguf`, or an `org/name` already in the local Hugging Face hub cache. Only
-the bundled model is ever downloaded.
+holding exactly one `.gguf`, or a model in the store (localradix/store/: the hub cache) by alias
+(`smollm2:135m-q4_1`), `org/name:QUANT` or `org/name`. Resolving never downloads anything but
+the bundled model; `pull` (localradix/store/pull.py) fills the store.
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> ModelSource:
         return _from_file(path)
     if path.is_dir():
         return _from_dir(path)
+    stored = _from_store(str(spec))
+    if stored is not None:
+        return stored
     cached = _hub_cache_snapshot(str(spec))
     if cached is not None:
         return ModelSource(cached, "hf", str(spec))
     raise ModelSourceError(
         f"model {str(spec)!r} not found: give a .gguf file, a Hugging Face model folder (with "
-        "config.json) or an org/name already in the Hugging Face cache (models other than the "
-        "bundled one are not downloaded), or give no model to serve the bundled "
-        "SmolLM2-135M-Instruct: `localradix serve`"
+        "config.json) or a model in the store (`localradix ls` lists them; "
+        "`localradix pull ORG/NAME:QUANT` downloads one), or give no model to serve the "
+        "bundled SmolLM2-135M-Instruct: `localradix serve`"
     )
 
 
@@ -49,6 +53,19 @@ def bundled_model() -> ModelSource:
     from localradix.loader.bundled import SMOLLM2, ensure_bundled
 
     return ModelSource(ensure_bundled(), "gguf", SMOLLM2.name)
+
+
+def _from_store(name: str) -> ModelSource | None:
+    """The store's model of that name (an alias, `org/name:QUANT`, `org/name`), if any."""
+    from localradix.store.lookup import find_entry
+
+    entry = find_entry(name)
+    if entry is None:
+        return None
+    if entry.repo is None:  # the bundled model, by its alias
+        return ModelSource(bundled_model().path, "gguf", name)
+    assert entry.path is not None
+    return ModelSource(entry.path, "gguf" if entry.format == "gguf" else "hf", name)
 
 
 def _from_file(path: Path) -> ModelSource:
@@ -77,13 +94,13 @@ def _from_dir(path: Path) -> ModelSource:
 
 
 def _hub_cache_snapshot(repo_id: str) -> Path | None:
-    """The newest local snapshot of `org/name` in the Hugging Face hub cache, if any."""
+    """The newest snapshot of `org/name` holding config.json (weights or not: the store lists
+    only whole models, this finds what an older localradix found)."""
+    from localradix.store.catalog import repo_dir
+
     if repo_id.count("/") != 1:
         return None
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
-    )
-    snapshots = Path(hub) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    snapshots = repo_dir(repo_id) / "snapshots"
     if not snapshots.is_dir():
         return None
     found = [p for p in snapshots.iterdir() if (p / "config.json").is_file()]
