@@ -2,30 +2,32 @@
 
 Model code calls `attn.forward(q, k, v, layer_id, scale)` and never sees slots or kernels. The
 runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
-device tensors; every layer then reuses them. Backends are listed in `ATTENTION_BACKENDS` as
-"module:Class" strings and imported only when chosen, so optional kernel libraries
-(FlashInfer, MLX) load only where they are used. This module itself imports no torch (numpy
+device tensors; every layer then reuses them. Backends are entries of the lazy registry
+`ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
+listed here, and each device backend registers its own kernels when its package loads
+(`localradix.backends.cuda`: FlashInfer; `localradix.backends.npu`: the fused Ascend ops), so
+optional kernel libraries load only where they are used. This module itself imports no torch (numpy
 only: the shared-prefix grouping below serves the torch and MLX backends alike).
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from localradix.registry import Registry
 
 if TYPE_CHECKING:
     import torch
 
     from localradix.step import ForwardBatch
 
-ATTENTION_BACKENDS: dict[str, str] = {
-    "torch_native": "localradix.runner.attention_torch:TorchNativeAttention",
-    "flashinfer": "localradix.runner.attention_flashinfer:FlashInferAttention",
-    "npu_fused": "localradix.backends.npu.attention:NpuFusedAttention",
-}
+ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry(
+    "attention backend",
+    {"torch_native": "localradix.runner.attention_torch:TorchNativeAttention"},
+)
 
 
 def shared_prefix_groups(
@@ -62,14 +64,9 @@ def contiguous_run(slots: np.ndarray) -> slice | None:
 
 
 def get_attention_backend(name: str) -> type[AttentionBackend]:
-    """The backend class registered as `name` (imported on first use)."""
-    try:
-        target = ATTENTION_BACKENDS[name]
-    except KeyError:
-        known = ", ".join(sorted(ATTENTION_BACKENDS))
-        raise ValueError(f"unknown attention backend {name!r}; known: {known}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    """The backend class registered as `name` (imported on first use); UnknownName (a
+    ValueError) lists the registered ones."""
+    return ATTENTION_BACKENDS.load(name)
 
 
 class AttentionBackend(ABC):

@@ -32,7 +32,7 @@ requires_npu = pytest.mark.skipif(
 @requires_flashinfer
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_flashinfer_matches_torch_native_on_gpu(page_size):
-    from localradix.runner.attention_flashinfer import FlashInferAttention
+    from localradix.backends.cuda.attention import FlashInferAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
     args = (2, 2, 16, 96 * page_size - 1, torch.bfloat16, "cuda")

@@ -10,7 +10,7 @@ A decode-only batch runs the decode wrapper; a batch with any extend runs the pr
 every request (FlashInfer aligns the causal mask to the end of each request's KV, so a decode
 inside a mixed batch is a length-1 extend). Decode batches can also run under CUDA graphs: one
 decode wrapper per graph batch size, planned into fixed buffers before each replay
-(`graph_state` / `prepare_graph`, used by `localradix.runner.cuda_graphs`).
+(`graph_state` / `prepare_graph`, used by `localradix.backends.cuda.graphs`).
 
 `flashinfer` is imported when the backend is built, never when this module is imported.
 """
