@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
+from localradix.backends.llamacpp import SPEC
 from localradix.backends.llamacpp.batch import LlamaBatch
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
@@ -65,7 +66,7 @@ def default_threads() -> int:
 
 class LlamaCppRunner(ModelRunner):
     # A CPU step reads every weight once whatever its token count: decode tokens ride along.
-    mixes_decode_into_prefill = True
+    mixes_decode_into_prefill = SPEC.mixes_decode_into_prefill
 
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         settle_openmp()
