@@ -6,16 +6,14 @@ device tensors; every layer then reuses them. Backends are entries of the lazy r
 `ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
 listed here, and each device backend registers its own kernels when its package loads
 (`localradix.backends.cuda`: FlashInfer; `localradix.backends.npu`: the fused Ascend ops), so
-optional kernel libraries load only where they are used. This module itself imports no torch (numpy
-only: the shared-prefix grouping below serves the torch and MLX backends alike).
+optional kernel libraries load only where they are used. This module itself imports no torch; the numpy plan the
+torch-native and MLX backends share is `attention_plan`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from localradix.registry import Registry
 
@@ -28,39 +26,6 @@ ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry(
     "attention backend",
     {"torch_native": "localradix.runner.attention_torch:TorchNativeAttention"},
 )
-
-
-def shared_prefix_groups(
-    kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray, minimum: int
-) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """Decode requests (slot tables `kv_indices[starts[i] : starts[i] + lens[i]]`) that share
-    at least `minimum` leading slots: (slots each leaves to its group, [(rows, prefix slots)]).
-
-    A slot holds one token of one sequence, so two requests with the same slot at position p
-    share every slot before it: grouping by the slot at `minimum - 1` is exact. Each request
-    keeps at least its newest slot for itself.
-    """
-    skip = np.zeros(len(starts), dtype=np.int64)
-    groups: list[tuple[np.ndarray, np.ndarray]] = []
-    long_enough = np.flatnonzero(lens > minimum)
-    marks = kv_indices[starts[long_enough] + minimum - 1]
-    _, group_of, sizes = np.unique(marks, return_inverse=True, return_counts=True)
-    for g in np.flatnonzero(sizes >= 2):
-        rows = long_enough[group_of == g]
-        span = int(lens[rows].min()) - 1
-        tables = kv_indices[starts[rows, None] + np.arange(span)]
-        same = np.all(tables == tables[0], axis=0)
-        common = span if same.all() else int(np.argmin(same))
-        skip[rows] = common
-        groups.append((rows, tables[0, :common]))
-    return skip, groups
-
-
-def contiguous_run(slots: np.ndarray) -> slice | None:
-    """The slots as a slice when they are one ascending run (a view, no gather), else None."""
-    if len(slots) and np.all(np.diff(slots) == 1):
-        return slice(int(slots[0]), int(slots[-1]) + 1)
-    return None
 
 
 def get_attention_backend(name: str) -> type[AttentionBackend]:
