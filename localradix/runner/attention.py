@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from localradix.registry import Registry
+from localradix.runner.kv_layout import KVLayout
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +58,7 @@ class AttentionBackend(ABC):
         self.num_slots = num_slots
         self.dtype = dtype
         self.device = device
+        self.layout = KVLayout(num_layers, num_kv_heads, head_dim, _dtype_name(dtype), num_slots)
 
     # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
     takes_page_size = False
@@ -85,7 +87,7 @@ class AttentionBackend(ABC):
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
         """Bytes of K and V one token occupies across all layers (for sizing the pool)."""
-        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+        return KVLayout(num_layers, num_kv_heads, head_dim, _dtype_name(dtype)).bytes_per_token
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
@@ -100,3 +102,7 @@ class AttentionBackend(ABC):
         q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
         its request's slots of positions <= p (prefix from the cache, plus the new tokens).
         """
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

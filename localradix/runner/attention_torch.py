@@ -68,7 +68,7 @@ class TorchNativeAttention(AttentionBackend):
         device: torch.device | str,
     ) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
-        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
+        shape = (num_layers, *self.layout.slot_shape)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self._num_tokens = 0
@@ -79,8 +79,8 @@ class TorchNativeAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         self._num_tokens = batch.num_tokens
         self._out_slots = self._tensor(batch.out_slots)
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-        plan = plans.plan_attention(batch, self.decode_gather_bytes // per_token, MIN_SHARED_PREFIX)
+        gather = self.decode_gather_bytes // self.layout.layer_bytes_per_token
+        plan = plans.plan_attention(batch, gather, MIN_SHARED_PREFIX)
         self._decodes = [self._decode_plan(group) for group in plan.decodes]
         self._extends = [self._extend_plan(extend) for extend in plan.extends]
 

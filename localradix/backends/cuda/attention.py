@@ -107,8 +107,9 @@ class FlashInferAttention(AttentionBackend):
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, not {dtype}")
         self.fi = flashinfer
         self.num_heads, self.page_size = num_heads, page_size
+        self.layout = self.layout.with_page_size(page_size)
         self.sm_scale = head_dim**-0.5
-        self.num_pages = -(-(num_slots + 1) // page_size)  # slot ids are <= num_slots
+        self.num_pages = self.layout.pages  # slot ids are <= num_slots
         shape = (num_layers, self.num_pages, page_size, num_kv_heads, head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)

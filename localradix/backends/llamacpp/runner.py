@@ -24,7 +24,8 @@ from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import KVBudget, KVShape, plan_kv_budget
+from localradix.runner.kv_budget import KVBudget, plan_kv_budget
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
@@ -194,9 +195,8 @@ class LlamaCppRunner(ModelRunner):
 
     def _kv_budget(self, args: ServerArgs, dtype: str) -> KVBudget:
         """llama.cpp's cells, sized as every backend sizes its pool (see `kv_budget`)."""
-        c = self.config
-        shape = KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
-        context_len = args.context_length or c.max_position_embeddings
+        shape = KVLayout.for_model(self.config, dtype)
+        context_len = args.context_length or self.config.max_position_embeddings
         available = int(psutil.virtual_memory().available)
         return plan_kv_budget(args, shape, context_len, available)
 

@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from localradix.runner import attention_plan as plans
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 
@@ -45,22 +46,16 @@ def _ints(array: np.ndarray) -> mx.array:
 class MLXPagedAttention:
     """Same protocol as `runner.attention.AttentionBackend`: prepare(batch), then forward per layer."""
 
-    def __init__(
-        self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, dtype: mx.Dtype
-    ) -> None:
-        shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.num_slots = num_slots
-        self.k_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+    def __init__(self, layout: KVLayout, dtype: mx.Dtype) -> None:
+        self.layout = layout
+        self.num_slots = layout.slots
+        self.k_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
+        self.v_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
         mx.eval(self.k_cache, self.v_cache)
         self._out_slots = _ints(np.zeros(0))
         self._decode: _DecodePlan | None = None
         self._extends: list[_ExtendPlan] = []
         self._order: mx.array | None = None  # rows of the concatenated pieces, in token order
-
-    @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
 
     def state(self) -> list[mx.array]:
         """The cache arrays, for `mx.eval` at the end of a step (keeps the graph one step deep)."""

@@ -82,7 +82,7 @@ class NpuFusedAttention(AttentionBackend):
 
     def _gather_fits(self, batch: ForwardBatch) -> bool:
         """Gathered K/V stay within the native backend's budget (it splits bigger batches)."""
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = self.layout.layer_bytes_per_token
         width = int(batch.seq_lens.max())
         return batch.num_reqs * width * per_token <= self.native.decode_gather_bytes
 
