@@ -43,22 +43,14 @@ class AttentionBackend(ABC):
     per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        self.num_layers = num_layers
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.num_slots = num_slots
-        self.dtype = dtype
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        import torch
+
+        self.layout = layout
+        self.num_layers, self.num_kv_heads = layout.layers, layout.kv_heads
+        self.head_dim, self.num_slots = layout.head_dim, layout.slots
+        self.dtype: torch.dtype = getattr(torch, layout.dtype)
         self.device = device
-        self.layout = KVLayout(num_layers, num_kv_heads, head_dim, _dtype_name(dtype), num_slots)
 
     # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
     takes_page_size = False
@@ -75,12 +67,11 @@ class AttentionBackend(ABC):
         page_size: int = 1,
     ) -> AttentionBackend:
         """Size the cache for a `ModelConfig` (anything with the fields used)."""
-        c = config
-        sizes = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim, num_slots, dtype, device)
+        layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
         if not cls.takes_page_size:  # slot-granular: any page size works unchanged
-            return cls(*sizes)
-        make: Any = cls  # paged subclasses add these keywords to __init__
-        return make(*sizes, num_heads=c.num_attention_heads, page_size=page_size)
+            return cls(layout, device)
+        make: Any = cls  # paged subclasses add this keyword to __init__
+        return make(layout, device, num_heads=config.num_attention_heads)
 
     @staticmethod
     def kv_bytes_per_token(

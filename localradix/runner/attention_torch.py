@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from localradix.runner import attention_plan as plans
 from localradix.runner.attention import AttentionBackend
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 # Read at each step, so a benchmark can move it (benchmarks/bench_attention.py).
@@ -58,19 +59,11 @@ class TorchNativeAttention(AttentionBackend):
     # The cache may be narrower than the model (bf16 K/V for an fp32 model): cast on write/read.
     kv_dtype_may_differ = True
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
-        shape = (num_layers, *self.layout.slot_shape)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        super().__init__(layout, device)
+        shape = (layout.layers, *layout.slot_shape)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
         self._num_tokens = 0
         self._out_slots = torch.zeros(0, dtype=torch.long)
         self._decodes: list[_DecodePlan] = []

@@ -20,6 +20,7 @@ from localradix.backends.cuda.graphs import (
     select_batch_size,
 )
 from localradix.config import ServerArgs
+from localradix.runner.kv_layout import KVLayout
 from localradix.sampling_params import SamplingParams
 from localradix.step import ForwardBatch, SamplingBatch
 
@@ -142,10 +143,9 @@ def _attention_pair(page_size: int, num_pages: int = 96):
     from localradix.backends.cuda.attention import FlashInferAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    num_slots = num_pages * page_size - 1
-    args = (2, KV_HEADS, DIM, num_slots, torch.bfloat16, "cpu")
-    fi = FlashInferAttention(*args, num_heads=HEADS, page_size=page_size)
-    return fi, TorchNativeAttention(*args)
+    layout = KVLayout(2, KV_HEADS, DIM, "bfloat16", num_pages * page_size - 1, page_size)
+    fi = FlashInferAttention(layout, "cpu", num_heads=HEADS)
+    return fi, TorchNativeAttention(layout, "cpu")
 
 
 def _random_qkv(batch: ForwardBatch, seed: int):
@@ -217,7 +217,7 @@ def test_flashinfer_backend_refuses_fp32_and_foreign_scale(fake_flashinfer):
     from localradix.backends.cuda.attention import FlashInferAttention
 
     with pytest.raises(ValueError, match="float16 or bfloat16"):
-        FlashInferAttention(1, 1, DIM, 16, torch.float32, "cpu", num_heads=1)
+        FlashInferAttention(KVLayout(1, 1, DIM, "float32", 16), "cpu", num_heads=1)
     fi, _ = _attention_pair(1)
     batch = PagedSlots(96, 1).batch({"a": [1, 2]})
     fi.prepare(batch)
@@ -491,10 +491,9 @@ def _npu_pair(monkeypatch, page_size: int, fake: FakeTorchNpu):
     from localradix.backends.npu.attention import NpuFusedAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    num_slots = 64 * page_size - 1
-    args = (2, KV_HEADS, DIM, num_slots, torch.bfloat16, "cpu")
-    npu = NpuFusedAttention(*args, num_heads=HEADS, page_size=page_size)
-    return npu, TorchNativeAttention(*args)
+    layout = KVLayout(2, KV_HEADS, DIM, "bfloat16", 64 * page_size - 1, page_size)
+    npu = NpuFusedAttention(layout, "cpu", num_heads=HEADS)
+    return npu, TorchNativeAttention(layout, "cpu")
 
 
 @pytest.mark.parametrize(("page_size", "layout"), [(1, "BSND"), (4, "BSND"), (16, "BSH")])
