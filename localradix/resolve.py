@@ -6,7 +6,9 @@ overlap scheduling and mixed prefill. What it returns, `Resolved`, is all a runn
 scheduler and the engine need to know about those settings: `Resolved.args` is `ServerArgs`
 with each of them replaced by its value, so nothing downstream ever sees "auto" again.
 
-Settings that depend on the loaded model (context length, the KV pool's size, llama.cpp's idle
+The parsers' "auto" needs the chat template, which the server reads from the tokenizer:
+`tool_parser_for` and `reasoning_parser_for` decide it there. Settings that depend on the
+loaded model (context length, the KV pool's size, llama.cpp's idle
 cache bound) are defaults derived from the model, not "auto" choices: they are sized where the
 model is known (`runner/kv_budget.py`, the runners). No torch here.
 """
@@ -101,6 +103,31 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
 def overlap_wanted(mode: str, device: str) -> bool:
     """`--overlap-schedule`: auto is on for GPUs and NPUs (see OVERLAP_DEVICE_TYPES)."""
     return mode == "on" or (mode == AUTO and device.split(":")[0] in OVERLAP_DEVICE_TYPES)
+
+
+def tool_parser_for(setting: str, chat_template: str | None) -> str | None:
+    """`--tool-call-parser`: auto detects the dialect from the chat template (hermes when none
+    is seen); "none" is None; a name must be known (UnknownName lists the dialects)."""
+    from localradix.parsers.tool_calls import detect_tool_parser, get_tool_parser
+
+    if setting == "none":
+        return None
+    if setting == AUTO:
+        return detect_tool_parser(chat_template) or "hermes"
+    get_tool_parser(setting)
+    return setting
+
+
+def reasoning_parser_for(setting: str | None, chat_template: str | None) -> str | None:
+    """`--reasoning-parser`: off unless given; auto detects it from the chat template."""
+    from localradix.parsers.reasoning import detect_reasoning_parser, get_reasoning_parser
+
+    if setting is None or setting == "none":
+        return None
+    if setting == AUTO:
+        return detect_reasoning_parser(chat_template)
+    get_reasoning_parser(setting)  # KeyError naming the known dialects
+    return setting
 
 
 def _on_off(flag: bool) -> str:

@@ -65,3 +65,19 @@ def test_overlap_auto_is_for_devices_apart_from_the_host() -> None:
     assert overlap_wanted("auto", "cuda:1") and overlap_wanted("auto", "npu:0")
     assert not overlap_wanted("auto", "cpu") and not overlap_wanted("auto", "gpu")
     assert overlap_wanted("on", "cpu") and not overlap_wanted("off", "cuda")
+
+
+def test_parser_dialects() -> None:
+    from localradix.resolve import reasoning_parser_for, tool_parser_for
+
+    assert tool_parser_for("auto", None) == "hermes"
+    assert tool_parser_for("auto", "{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert tool_parser_for("none", "<tool_call>") is None
+    assert tool_parser_for("llama3", None) == "llama3"
+    with pytest.raises(KeyError, match="unknown tool-call parser 'x'"):
+        tool_parser_for("x", None)
+    assert reasoning_parser_for(None, "</think>") is None
+    assert reasoning_parser_for("auto", "</think>") == "qwen3"
+    assert reasoning_parser_for("magistral", None) == "magistral"
+    with pytest.raises(KeyError):
+        reasoning_parser_for("x", None)
