@@ -3,10 +3,11 @@
 A backend is a `BackendSpec`: what it needs (importable modules), what it supports (dtypes,
 attention backend, graph capture, page sizes), a lazy `probe` that says whether this machine can
 run it and why, and a lazy `create_runner` that builds its `ModelRunner`. Built-ins are listed in
-the lazy registry `BUILTIN_BACKENDS`; plugins register `BackendSpec` objects under the entry-point group
-`localradix.backends` (the built-ins are declared there too). A backend whose dependencies are
-missing, whose probe fails or whose plugin is broken is skipped with the reason recorded, never
-an ImportError at start.
+the lazy registry `BUILTIN_BACKENDS`; plugins register `BackendSpec` objects under the
+entry-point group `localradix.backends` (the built-ins are declared there too). A backend whose
+dependencies are missing, whose probe fails or whose plugin is broken is skipped with the reason
+recorded, never an ImportError at start. Once one is chosen, `resolve.py` decides every "auto"
+setting for it, and `build_runner` builds the runner with those values.
 
 Listing backends imports no torch: requirements are checked with `importlib.util.find_spec`,
 and only the probes of torch backends import torch, when they run.
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localradix.registry import Registry, load_object
-from localradix.resolve import AUTO, BackendError, Resolved, Target, resolve, resolve_target
+from localradix.resolve import AUTO, BackendError, Resolved, Target, resolve
+from localradix.resolve import resolve_target as resolve_target  # re-exported (doctor, tests)
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("localradix.platform")
 
 ENTRY_POINT_GROUP = "localradix.backends"
-# Re-exported: the settings' resolution lives in `resolve.py`, next to every other "auto".
-__all__ = ["AUTO", "BackendError", "Resolved", "Target", "resolve", "resolve_target"]
 
 BUILTIN_BACKENDS: Registry[BackendSpec] = Registry(
     "backend",
