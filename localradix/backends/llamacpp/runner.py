@@ -195,10 +195,9 @@ class LlamaCppRunner(ModelRunner):
 
     def _kv_budget(self, args: ServerArgs, dtype: str) -> KVBudget:
         """llama.cpp's cells, sized as every backend sizes its pool (see `kv_budget`)."""
-        shape = KVLayout.for_model(self.config, dtype)
         context_len = args.context_length or self.config.max_position_embeddings
         available = int(psutil.virtual_memory().available)
-        return plan_kv_budget(args, shape, context_len, available)
+        return plan_kv_budget(args, KVLayout.for_model(self.config, dtype), context_len, available)
 
     def _idle_cache_budget(self) -> int:
         """Idle cached cells whose attention scan costs ~1/4 of a step's matmuls (see
