@@ -102,7 +102,8 @@ def collect(
 def kv_pool(args: ServerArgs) -> dict[str, Any]:
     """The KV pool `serve` with these args would reserve, and why (or why it cannot tell)."""
     from localradix.loader import load_model_config, resolve_model
-    from localradix.runner.kv_budget import KVShape, plan_kv_budget
+    from localradix.runner.kv_budget import plan_kv_budget
+    from localradix.runner.kv_layout import KVLayout
 
     try:
         source = resolve_model(args.model)
@@ -115,7 +116,7 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
     if free is None:
         return {**head, "error": f"sized at start from the free memory of {target.device}"}
     dtype = target.cache_dtype
-    shape = KVShape(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype)
+    shape = KVLayout.for_model(config, dtype)
     context = args.context_length or config.max_position_embeddings
     budget = plan_kv_budget(args, shape, context, free)
     return {

@@ -3,10 +3,11 @@
 A backend is a `BackendSpec`: what it needs (importable modules), what it supports (dtypes,
 attention backend, graph capture, page sizes), a lazy `probe` that says whether this machine can
 run it and why, and a lazy `create_runner` that builds its `ModelRunner`. Built-ins are listed in
-`BUILTIN_BACKENDS`; plugins register `BackendSpec` objects under the entry-point group
-`localradix.backends` (the built-ins are declared there too). A backend whose dependencies are
-missing, whose probe fails or whose plugin is broken is skipped with the reason recorded, never
-an ImportError at start.
+the lazy registry `BUILTIN_BACKENDS`; plugins register `BackendSpec` objects under the
+entry-point group `localradix.backends` (the built-ins are declared there too). A backend whose
+dependencies are missing, whose probe fails or whose plugin is broken is skipped with the reason
+recorded, never an ImportError at start. Once one is chosen, `resolve.py` decides every "auto"
+setting for it, and `build_runner` builds the runner with those values.
 
 Listing backends imports no torch: requirements are checked with `importlib.util.find_spec`,
 and only the probes of torch backends import torch, when they run.
@@ -14,14 +15,15 @@ and only the probes of torch backends import torch, when they run.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localradix.runner.kv_budget import default_kv_dtype
+from localradix.registry import Registry, load_object
+from localradix.resolve import AUTO, BackendError, Resolved, Target, resolve
+from localradix.resolve import resolve_target as resolve_target  # re-exported (doctor, tests)
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
@@ -32,20 +34,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("localradix.platform")
 
 ENTRY_POINT_GROUP = "localradix.backends"
-AUTO = "auto"
 
-BUILTIN_BACKENDS: dict[str, str] = {
-    "cuda": "localradix.backends.cuda:SPEC",
-    "rocm": "localradix.backends.rocm:SPEC",
-    "npu": "localradix.backends.npu:SPEC",
-    "llamacpp": "localradix.backends.llamacpp:SPEC",
-    "mlx": "localradix.backends.mlx:SPEC",
-    "cpu": "localradix.backends.cpu:SPEC",
-}
-
-
-class BackendError(RuntimeError):
-    """The requested backend is unknown, unavailable, or cannot run these settings."""
+BUILTIN_BACKENDS: Registry[BackendSpec] = Registry(
+    "backend",
+    {
+        "cuda": "localradix.backends.cuda:SPEC",
+        "rocm": "localradix.backends.rocm:SPEC",
+        "npu": "localradix.backends.npu:SPEC",
+        "llamacpp": "localradix.backends.llamacpp:SPEC",
+        "mlx": "localradix.backends.mlx:SPEC",
+        "cpu": "localradix.backends.cpu:SPEC",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -57,21 +57,6 @@ class Availability:
     device: str = ""  # the device string a runner would use by default ("cuda:0", "cpu", "gpu")
     detail: str = ""  # hardware found (name, memory), for `localradix doctor`
     default_dtype: str | None = None  # "auto" on this hardware, when it differs from the spec's
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and how a runner is built: resolved once, before construction."""
-
-    backend: str
-    device: str
-    dtype: str  # "float32", "bfloat16" or "float16"
-    attention_backend: str = "torch_native"  # the spec's attention kernels, by registry name
-    kv_dtype: str | None = None  # the KV cache's dtype when it differs from `dtype`
-
-    @property
-    def cache_dtype(self) -> str:
-        return self.kv_dtype or self.dtype
 
 
 @dataclass(frozen=True)
@@ -98,6 +83,8 @@ class BackendSpec:
     supports_graphs: bool = False
     page_sizes: tuple[int, ...] = ()  # supported KV page sizes; () = any
     formats: tuple[str, ...] = ("gguf", "hf")  # model formats it loads (`ModelSource.kind`)
+    # `--mixed-prefill auto` turns on: a step's cost hardly grows with a few more tokens.
+    mixes_decode_into_prefill: bool = False
 
     def missing_requirements(self) -> list[str]:
         return [m for m in self.requires if not _module_exists(m)]
@@ -109,14 +96,14 @@ class BackendSpec:
             hint = f" ({self.install_hint})" if self.install_hint else ""
             return Availability(False, f"{', '.join(missing)} not installed{hint}")
         try:
-            return _load_object(self.probe_fn)(explicit)
+            return load_object(self.probe_fn)(explicit)
         except Exception as exc:  # a probe must not take the server down
             return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
 
     def create_runner(
         self, args: ServerArgs, source: ModelSource, target: Target
     ) -> tuple[ModelRunner, ModelConfig]:
-        return _load_object(self.create_runner_fn)(args, source, target)
+        return load_object(self.create_runner_fn)(args, source, target)
 
     def supports_page_size(self, page_size: int) -> bool:
         return not self.page_sizes or page_size in self.page_sizes
@@ -153,12 +140,14 @@ class Choice:
 
 @dataclass(frozen=True)
 class BuiltRunner:
-    """What `EngineCore` needs from the platform: a runner, its model config and where it runs."""
+    """What `EngineCore` needs from the platform: a runner, its model config, where it runs
+    and the settings it was built with (`resolved.args`: every "auto" decided)."""
 
     runner: ModelRunner
     config: ModelConfig
     target: Target
     spec: BackendSpec
+    resolved: Resolved
 
 
 # ---- registry ------------------------------------------------------------------------------
@@ -166,7 +155,7 @@ class BuiltRunner:
 
 def discover_backends() -> list[BackendRecord]:
     """Built-ins, then entry-point plugins; broken plugins are recorded, not raised."""
-    records = [_load_builtin(name, target) for name, target in BUILTIN_BACKENDS.items()]
+    records = [_load_builtin(name) for name in BUILTIN_BACKENDS]
     seen = {r.name for r in records}
     for ep in _entry_points():
         if BUILTIN_BACKENDS.get(ep.name) == ep.value:
@@ -188,9 +177,9 @@ def backend_specs() -> dict[str, BackendSpec]:
     return {s.name: s for s in sorted(specs, key=lambda s: -s.priority)}
 
 
-def _load_builtin(name: str, target: str) -> BackendRecord:
+def _load_builtin(name: str) -> BackendRecord:
     try:
-        return BackendRecord(name, "built-in", _as_spec(_load_object(target)))
+        return BackendRecord(name, "built-in", _as_spec(BUILTIN_BACKENDS.load(name)))
     except Exception as exc:
         return BackendRecord(name, "built-in", None, f"{type(exc).__name__}: {exc}")
 
@@ -321,37 +310,15 @@ def _matches_device(spec: BackendSpec, device: str | None) -> bool:
     return device.split(":")[0] in spec.device_types
 
 
-# ---- resolving and building ----------------------------------------------------------------
-
-
-def resolve_target(choice: Choice, args: ServerArgs) -> Target:
-    """Device and dtype for this backend, every "auto" resolved; unsupported settings raise."""
-    spec, availability = choice.spec, choice.availability
-    dtype = args.dtype
-    if dtype == AUTO:
-        dtype = availability.default_dtype or spec.default_dtype
-    if dtype not in spec.dtypes:
-        raise BackendError(
-            f"backend {spec.name!r} does not support dtype {dtype!r}; "
-            f"supported: {', '.join(spec.dtypes)}"
-        )
-    if not spec.supports_page_size(args.page_size):
-        sizes = ", ".join(map(str, spec.page_sizes))
-        raise BackendError(
-            f"backend {spec.name!r} does not support --page-size {args.page_size}; "
-            f"supported: {sizes}"
-        )
-    kv_dtype = None
-    if spec.attention_backend == "torch_native":  # the one kernel that casts K/V on the way
-        kv_dtype = default_kv_dtype(args.dtype, dtype)
-    device = args.device or availability.device
-    return Target(spec.name, device, dtype, spec.attention_backend, kv_dtype)
+# ---- building ----------------------------------------------------------------
 
 
 def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:
-    """Choose the backend for `args`, resolve device and dtype, load the model, build the runner."""
+    """Choose the backend for `args`, resolve every "auto" (`resolve.py`), load the model and
+    build the runner with the resolved settings."""
     choice = choose_backend(args.backend, args.device, source.kind)
-    target = resolve_target(choice, args)
+    resolved = resolve(choice, args)
+    target = resolved.target
     logger.info(
         "Backend %s (%s), device %s, dtype %s",
         target.backend,
@@ -359,8 +326,8 @@ def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:
         target.device,
         target.dtype,
     )
-    runner, config = choice.spec.create_runner(args, source, target)
-    return BuiltRunner(runner, config, target, choice.spec)
+    runner, config = choice.spec.create_runner(resolved.args, source, target)
+    return BuiltRunner(runner, config, target, choice.spec, resolved)
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -372,11 +339,3 @@ def _module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _load_object(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj

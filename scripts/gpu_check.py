@@ -39,9 +39,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localradix.config import ServerArgs  # noqa: E402
-from localradix.runner.base import SamplingBatch  # noqa: E402
 from localradix.sampling_params import SamplingParams  # noqa: E402
-from localradix.step import ForwardBatch  # noqa: E402
+from localradix.step import (
+    ForwardBatch,  # noqa: E402
+    SamplingBatch,  # noqa: E402
+)
 
 PRESETS: dict[str, dict[str, Any]] = {  # Llama-family shapes: (hidden, layers, heads, kv heads, intermediate, vocab)
     "1b": dict(hidden_size=2048, num_hidden_layers=12, num_attention_heads=16,
@@ -305,8 +307,7 @@ def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev:
 
 def bench_served(runner: Any, batch: int, ctx: int, new: int, overlap: bool, dev: str) -> float:
     """Decode tokens/s through the scheduler, after every request's prefill is done."""
-    from localradix.engine.messages import GenerateRequest
-
+    from localradix.messages import GenerateRequest
     from localradix.runner.overlap import OverlapRunner
     from localradix.sched.scheduler import Scheduler
 

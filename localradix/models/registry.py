@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from localradix.registry import Registry, UnknownName
 
 _DECODER = "localradix.models.decoder:DecoderForCausalLM"
 
-MODEL_REGISTRY: dict[str, str] = {
-    "LlamaForCausalLM": _DECODER,
-    "MistralForCausalLM": _DECODER,
-    "Qwen2ForCausalLM": _DECODER,
-    "Qwen3ForCausalLM": _DECODER,
-}
+MODEL_REGISTRY: Registry[Any] = Registry(
+    "model architecture",
+    {
+        "LlamaForCausalLM": _DECODER,
+        "MistralForCausalLM": _DECODER,
+        "Qwen2ForCausalLM": _DECODER,
+        "Qwen3ForCausalLM": _DECODER,
+    },
+)
 
 
 def get_model_class(architecture: str) -> Any:
     """The class implementing `architecture` (an HF `architectures` entry)."""
-    try:
-        target = MODEL_REGISTRY[architecture]
-    except KeyError:
+    if architecture not in MODEL_REGISTRY:
         known = ", ".join(sorted(MODEL_REGISTRY))
-        raise ValueError(
+        raise UnknownName(
             f"model architecture {architecture!r} is not supported; supported: {known}"
-        ) from None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+        )
+    return MODEL_REGISTRY.load(architecture)
 
 
 def is_supported(architecture: str) -> bool:

@@ -7,8 +7,6 @@ output. The registry imports a dialect's module only when it is asked for.
 
 from __future__ import annotations
 
-import importlib
-
 from localradix.parsers.events import (
     ContentDelta,
     ParsedToolCalls,
@@ -18,6 +16,7 @@ from localradix.parsers.events import (
     new_call_id,
 )
 from localradix.parsers.tool_stream import ToolCallStreamParser
+from localradix.registry import Registry
 
 __all__ = [
     "TOOL_PARSERS",
@@ -34,28 +33,23 @@ __all__ = [
 
 # name -> "module:Class"; "mistral-v11" differs from "mistral" only in the wire format its
 # constraint (tool_constraint) forces: its parser reads both layouts.
-TOOL_PARSERS: dict[str, str] = {
-    "hermes": "localradix.parsers.hermes:HermesToolParser",
-    "llama3": "localradix.parsers.llama3:Llama3JsonToolParser",
-    "mistral": "localradix.parsers.mistral:MistralToolParser",
-    "mistral-v11": "localradix.parsers.mistral:MistralToolParser",
-    "pythonic": "localradix.parsers.pythonic:PythonicToolParser",
-}
-ALIASES = {"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "llama": "llama3"}
-
-_loaded: dict[str, type[ToolCallStreamParser]] = {}
+TOOL_PARSERS: Registry[type[ToolCallStreamParser]] = Registry(
+    "tool-call parser",
+    {
+        "hermes": "localradix.parsers.hermes:HermesToolParser",
+        "llama3": "localradix.parsers.llama3:Llama3JsonToolParser",
+        "mistral": "localradix.parsers.mistral:MistralToolParser",
+        "mistral-v11": "localradix.parsers.mistral:MistralToolParser",
+        "pythonic": "localradix.parsers.pythonic:PythonicToolParser",
+    },
+    aliases={"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "llama": "llama3"},
+)
 
 
 def get_tool_parser(name: str) -> type[ToolCallStreamParser]:
-    """The parser class of dialect `name` (or an alias); KeyError names the known ones."""
-    key = ALIASES.get(name, name)
-    if key not in TOOL_PARSERS:
-        known = ", ".join(sorted([*TOOL_PARSERS, *ALIASES]))
-        raise KeyError(f"unknown tool-call parser {name!r}; known: {known}")
-    if key not in _loaded:
-        module, cls = TOOL_PARSERS[key].split(":")
-        _loaded[key] = getattr(importlib.import_module(module), cls)
-    return _loaded[key]
+    """The parser class of dialect `name` (or an alias); UnknownName (a KeyError) names the
+    known ones."""
+    return TOOL_PARSERS.load(name)
 
 
 def detect_tool_parser(chat_template: str | None) -> str | None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localradix.parsers.reasoning import get_reasoning_parser
-from localradix.parsers.tool_calls import ALIASES
+from localradix.parsers.tool_calls import TOOL_PARSERS
 from localradix.sampling_params import Constraint
 
 Format = dict[str, Any]
@@ -65,7 +65,7 @@ def tool_call_constraint(
         chosen, many = functions, parallel
     else:
         chosen, many = [_named(functions, tool_choice)], False
-    dialect = ALIASES.get(dialect, dialect)
+    dialect = TOOL_PARSERS.aliases.get(dialect, dialect)
     if dialect not in _DIALECTS:
         raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
     args = _ArgsFormat(max_whitespace)

@@ -29,52 +29,17 @@ from dataclasses import dataclass, field
 
 from localradix.held_text import held_suffix_len
 from localradix.parsers.call_object import CallObject
+from localradix.parsers.call_record import Args, CallEnd, CallStart, Close, Item, Text, assemble
 from localradix.parsers.events import (
     ContentDelta,
     IdFactory,
     ParsedToolCalls,
     StreamEvent,
-    ToolCall,
     ToolCallDelta,
     coalesce,
     new_call_id,
 )
 from localradix.parsers.json_scan import WHITESPACE
-
-# ---- the machine's internal record (richer than the stream: parse() needs raw text back) ----
-
-
-@dataclass
-class _Text:
-    text: str
-    gap: bool  # whitespace dropped next to a call
-
-
-@dataclass
-class _CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass
-class _Args:
-    index: int
-    text: str
-
-
-@dataclass
-class _CallEnd:
-    index: int
-
-
-@dataclass
-class _Close:
-    ok: bool  # every committed call in the region completed
-    raw: str  # the region's text, marker included
-
-
-_Item = _Text | _CallStart | _Args | _CallEnd | _Close
 
 
 @dataclass
@@ -114,7 +79,7 @@ class ToolCallStreamParser:
         self._complete_calls = complete_calls
         self._held: list[StreamEvent] = []  # with complete_calls: the open call's deltas
         self._buf = ""
-        self._items: list[_Item] = []
+        self._items: list[Item] = []
         self._ws = ""  # whitespace held until what follows decides content or gap
         self._ws_gap = False  # the held whitespace follows a call
         self._at_start = True  # no content but whitespace yet
@@ -156,7 +121,7 @@ class ToolCallStreamParser:
         parser._finished = True
         parser._run(final=True)
         parser._resolve_ws(gap=parser._ws_gap)
-        return _assemble(parser._items, complete_calls)
+        return assemble(parser._items, complete_calls)
 
     # ---- dialect hooks -------------------------------------------------------------------
 
@@ -224,16 +189,16 @@ class ToolCallStreamParser:
         events: list[StreamEvent] = []
         held = self._held if self._complete_calls else events
         for item in self._items:
-            if isinstance(item, _Text):
+            if isinstance(item, Text):
                 if not item.gap:
                     events.append(ContentDelta(item.text))
-            elif isinstance(item, _CallStart):
+            elif isinstance(item, CallStart):
                 held.append(ToolCallDelta(item.index, item.id, item.name, ""))
-            elif isinstance(item, _Args):
+            elif isinstance(item, Args):
                 held.append(ToolCallDelta(item.index, arguments=item.text))
             elif not self._complete_calls:
                 continue
-            elif isinstance(item, _CallEnd):
+            elif isinstance(item, CallEnd):
                 events.extend(coalesce(held))  # the call is complete: send it whole
                 held.clear()
             elif not item.ok:
@@ -253,14 +218,14 @@ class ToolCallStreamParser:
         lead = len(full) - len(full.lstrip(WHITESPACE))
         end = lead + len(body)
         if lead:
-            self._items.append(_Text(full[:lead], gap=self._ws_gap))
-        self._items.append(_Text(body, gap=False))
+            self._items.append(Text(full[:lead], gap=self._ws_gap))
+        self._items.append(Text(body, gap=False))
         self._ws, self._ws_gap = full[end:], False
         self._at_start = False
 
     def _resolve_ws(self, gap: bool) -> None:
         if self._ws:
-            self._items.append(_Text(self._ws, gap=gap))
+            self._items.append(Text(self._ws, gap=gap))
         self._ws, self._ws_gap = "", False
 
     # ---- helpers for dialects ------------------------------------------------------------
@@ -289,16 +254,16 @@ class ToolCallStreamParser:
         index, self._next_index = self._next_index, self._next_index + 1
         region.calls += 1
         region.open_call = index
-        self._items.append(_CallStart(index, self._new_id(), name))
+        self._items.append(CallStart(index, self._new_id(), name))
         return index
 
     def _send_args(self, index: int, text: str) -> None:
         if text:
-            self._items.append(_Args(index, text))
+            self._items.append(Args(index, text))
 
     def _call_done(self, region: Region) -> None:
         if region.open_call is not None:
-            self._items.append(_CallEnd(region.open_call))
+            self._items.append(CallEnd(region.open_call))
         region.open_call = None
         region.obj = None
 
@@ -315,7 +280,7 @@ class ToolCallStreamParser:
         return True
 
     def _close(self, region: Region, ok: bool) -> bool:
-        self._items.append(_Close(ok, region.raw))
+        self._items.append(Close(ok, region.raw))
         self._region = None
         self._ws_gap = True
         self._at_start = False
@@ -381,45 +346,3 @@ def _find_marker(buf: str, markers: tuple[str, ...]) -> tuple[int, str]:
         if index != -1 and (index < best or (index == best and len(marker) > len(found))):
             best, found = index, marker
     return best, found
-
-
-def _assemble(items: list[_Item], complete_calls: bool = False) -> ParsedToolCalls:
-    """Non-streaming result: failed regions back to raw text (with `complete_calls`: their
-    complete calls kept, the rest dropped); gaps next to calls dropped."""
-    segments: list[tuple[str, object]] = []
-    pending: list[list[str]] = []  # [id, name, arguments] of the open region's calls
-    complete = 0  # how many of them completed
-    for item in items:
-        if isinstance(item, _Text):
-            segments.append(("gap" if item.gap else "text", item.text))
-        elif isinstance(item, _CallStart):
-            pending.append([item.id, item.name, ""])
-        elif isinstance(item, _Args):
-            pending[-1][2] += item.text
-        elif isinstance(item, _CallEnd):
-            complete += 1
-        else:
-            if item.ok or complete_calls:
-                kept = pending if item.ok else pending[:complete]
-                segments.append(("calls", [ToolCall(*call) for call in kept]))
-            else:
-                segments.append(("text", item.raw))
-            pending, complete = [], 0
-    content: list[str] = []
-    calls: list[ToolCall] = []
-    for i, (kind, value) in enumerate(segments):
-        if kind == "calls":
-            calls.extend(value)  # type: ignore[arg-type]
-        elif kind == "text" or not _next_to_calls(segments, i):
-            content.append(str(value))
-    return ParsedToolCalls("".join(content), calls)
-
-
-def _next_to_calls(segments: list[tuple[str, object]], i: int) -> bool:
-    for step in (-1, 1):
-        j = i + step
-        while 0 <= j < len(segments) and segments[j][0] == "gap":
-            j += step
-        if 0 <= j < len(segments) and segments[j][0] == "calls":
-            return True
-    return False

@@ -2,74 +2,37 @@
 
 Model code calls `attn.forward(q, k, v, layer_id, scale)` and never sees slots or kernels. The
 runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
-device tensors; every layer then reuses them. Backends are listed in `ATTENTION_BACKENDS` as
-"module:Class" strings and imported only when chosen, so optional kernel libraries
-(FlashInfer, MLX) load only where they are used. This module itself imports no torch (numpy
-only: the shared-prefix grouping below serves the torch and MLX backends alike).
+device tensors; every layer then reuses them. Backends are entries of the lazy registry
+`ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
+listed here, and each device backend registers its own kernels when its package loads
+(`localradix.backends.cuda`: FlashInfer; `localradix.backends.npu`: the fused Ascend ops), so
+optional kernel libraries load only where they are used. This module itself imports no torch; the numpy plan the
+torch-native and MLX backends share is `attention_plan`.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from localradix.registry import Registry
+from localradix.runner.kv_layout import KVLayout
 
 if TYPE_CHECKING:
     import torch
 
     from localradix.step import ForwardBatch
 
-ATTENTION_BACKENDS: dict[str, str] = {
-    "torch_native": "localradix.runner.attention_torch:TorchNativeAttention",
-    "flashinfer": "localradix.runner.attention_flashinfer:FlashInferAttention",
-    "npu_fused": "localradix.backends.npu.attention:NpuFusedAttention",
-}
-
-
-def shared_prefix_groups(
-    kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray, minimum: int
-) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """Decode requests (slot tables `kv_indices[starts[i] : starts[i] + lens[i]]`) that share
-    at least `minimum` leading slots: (slots each leaves to its group, [(rows, prefix slots)]).
-
-    A slot holds one token of one sequence, so two requests with the same slot at position p
-    share every slot before it: grouping by the slot at `minimum - 1` is exact. Each request
-    keeps at least its newest slot for itself.
-    """
-    skip = np.zeros(len(starts), dtype=np.int64)
-    groups: list[tuple[np.ndarray, np.ndarray]] = []
-    long_enough = np.flatnonzero(lens > minimum)
-    marks = kv_indices[starts[long_enough] + minimum - 1]
-    _, group_of, sizes = np.unique(marks, return_inverse=True, return_counts=True)
-    for g in np.flatnonzero(sizes >= 2):
-        rows = long_enough[group_of == g]
-        span = int(lens[rows].min()) - 1
-        tables = kv_indices[starts[rows, None] + np.arange(span)]
-        same = np.all(tables == tables[0], axis=0)
-        common = span if same.all() else int(np.argmin(same))
-        skip[rows] = common
-        groups.append((rows, tables[0, :common]))
-    return skip, groups
-
-
-def contiguous_run(slots: np.ndarray) -> slice | None:
-    """The slots as a slice when they are one ascending run (a view, no gather), else None."""
-    if len(slots) and np.all(np.diff(slots) == 1):
-        return slice(int(slots[0]), int(slots[-1]) + 1)
-    return None
+ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry(
+    "attention backend",
+    {"torch_native": "localradix.runner.attention_torch:TorchNativeAttention"},
+)
 
 
 def get_attention_backend(name: str) -> type[AttentionBackend]:
-    """The backend class registered as `name` (imported on first use)."""
-    try:
-        target = ATTENTION_BACKENDS[name]
-    except KeyError:
-        known = ", ".join(sorted(ATTENTION_BACKENDS))
-        raise ValueError(f"unknown attention backend {name!r}; known: {known}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    """The backend class registered as `name` (imported on first use); UnknownName (a
+    ValueError) lists the registered ones."""
+    return ATTENTION_BACKENDS.load(name)
 
 
 class AttentionBackend(ABC):
@@ -80,20 +43,13 @@ class AttentionBackend(ABC):
     per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        self.num_layers = num_layers
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.num_slots = num_slots
-        self.dtype = dtype
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        import torch
+
+        self.layout = layout
+        self.num_layers, self.num_kv_heads = layout.layers, layout.kv_heads
+        self.head_dim, self.num_slots = layout.head_dim, layout.slots
+        self.dtype: torch.dtype = getattr(torch, layout.dtype)
         self.device = device
 
     # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
@@ -111,19 +67,18 @@ class AttentionBackend(ABC):
         page_size: int = 1,
     ) -> AttentionBackend:
         """Size the cache for a `ModelConfig` (anything with the fields used)."""
-        c = config
-        sizes = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim, num_slots, dtype, device)
+        layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
         if not cls.takes_page_size:  # slot-granular: any page size works unchanged
-            return cls(*sizes)
-        make: Any = cls  # paged subclasses add these keywords to __init__
-        return make(*sizes, num_heads=c.num_attention_heads, page_size=page_size)
+            return cls(layout, device)
+        make: Any = cls  # paged subclasses add this keyword to __init__
+        return make(layout, device, num_heads=config.num_attention_heads)
 
     @staticmethod
     def kv_bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
         """Bytes of K and V one token occupies across all layers (for sizing the pool)."""
-        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+        return KVLayout(num_layers, num_kv_heads, head_dim, _dtype_name(dtype)).bytes_per_token
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
@@ -138,3 +93,7 @@ class AttentionBackend(ABC):
         q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
         its request's slots of positions <= p (prefix from the cache, plus the new tokens).
         """
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -21,12 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localradix.runner.attention import AttentionBackend, contiguous_run, shared_prefix_groups
+from localradix.runner import attention_plan as plans
+from localradix.runner.attention import AttentionBackend
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
-# A decode group shares its prefix only from this many tokens: below it, gathering per request
-# costs less than the extra kernels.
-MIN_SHARED_PREFIX = 64
+# Read at each step, so a benchmark can move it (benchmarks/bench_attention.py).
+MIN_SHARED_PREFIX = plans.MIN_SHARED_PREFIX
 
 
 @dataclass(frozen=True)
@@ -58,19 +59,11 @@ class TorchNativeAttention(AttentionBackend):
     # The cache may be narrower than the model (bf16 K/V for an fp32 model): cast on write/read.
     kv_dtype_may_differ = True
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
-        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        super().__init__(layout, device)
+        shape = (layout.layers, *layout.slot_shape)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
         self._num_tokens = 0
         self._out_slots = torch.zeros(0, dtype=torch.long)
         self._decodes: list[_DecodePlan] = []
@@ -79,10 +72,10 @@ class TorchNativeAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         self._num_tokens = batch.num_tokens
         self._out_slots = self._tensor(batch.out_slots)
-        is_decode = batch.extend_lens == 1
-        decode_reqs = np.flatnonzero(is_decode)
-        self._decodes = self._plan_decodes(batch, decode_reqs) if len(decode_reqs) else []
-        self._extends = [self._plan_extend(batch, int(i)) for i in np.flatnonzero(~is_decode)]
+        gather = self.decode_gather_bytes // self.layout.layer_bytes_per_token
+        plan = plans.plan_attention(batch, gather, MIN_SHARED_PREFIX)
+        self._decodes = [self._decode_plan(group) for group in plan.decodes]
+        self._extends = [self._extend_plan(extend) for extend in plan.extends]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
@@ -162,56 +155,25 @@ class TorchNativeAttention(AttentionBackend):
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
-    def _plan_decodes(self, batch: ForwardBatch, reqs: np.ndarray) -> list[_DecodePlan]:
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-        width = int(batch.seq_lens[reqs].max())
-        group = max(1, self.decode_gather_bytes // (width * per_token))
-        if group >= len(reqs):
-            whole = len(reqs) == batch.num_reqs  # decode-only: q rows are the requests
-            return [self._plan_decode(batch, reqs, rows_are_reqs=whole)]
-        chunks = [reqs[i : i + group] for i in range(0, len(reqs), group)]
-        return [self._plan_decode(batch, chunk, rows_are_reqs=False) for chunk in chunks]
+    def _decode_plan(self, group: plans.DecodeGroup) -> _DecodePlan:
+        token_index = None if group.all_rows else self._tensor(group.token_rows)
+        if group.run is not None:
+            return _DecodePlan(token_index, group.run, None)
+        mask = None if group.valid is None else self._tensor(group.valid[:, None, None, :])
+        shared = tuple(
+            _SharedPrefix(
+                self._tensor(p.rows), p.run if p.run is not None else self._tensor(p.slots)
+            )
+            for p in group.shared
+        )
+        return _DecodePlan(token_index, self._tensor(group.slots), mask, shared)
 
-    def _plan_decode(
-        self, batch: ForwardBatch, reqs: np.ndarray, rows_are_reqs: bool
-    ) -> _DecodePlan:
-        token_index = None if rows_are_reqs else self._tensor(batch.qo_indptr[reqs])
-        lens = batch.seq_lens[reqs]
-        starts = batch.kv_indptr[reqs]
-        if len(reqs) == 1:
-            run = contiguous_run(batch.kv_indices[starts[0] : starts[0] + lens[0]])
-            if run is not None:
-                return _DecodePlan(token_index, run, None)
-        skip, shared = self._shared_prefixes(batch.kv_indices, starts, lens)
-        starts, lens = starts + skip, lens - skip
-        width = int(lens.max())
-        cols = np.arange(width, dtype=np.int64)
-        valid = cols[None, :] < lens[:, None]
-        flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
-        slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
-        mask = None if bool(valid.all()) else self._tensor(valid[:, None, None, :])
-        return _DecodePlan(token_index, self._tensor(slots), mask, shared)
-
-    def _shared_prefixes(
-        self, kv_indices: np.ndarray, starts: np.ndarray, lens: np.ndarray
-    ) -> tuple[np.ndarray, tuple[_SharedPrefix, ...]]:
-        skip, groups = shared_prefix_groups(kv_indices, starts, lens, MIN_SHARED_PREFIX)
-        shared = []
-        for rows, prefix in groups:
-            run = contiguous_run(prefix)
-            slots = run if run is not None else self._tensor(prefix)
-            shared.append(_SharedPrefix(self._tensor(rows), slots))
-        return skip, tuple(shared)
-
-    def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
-        start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
-        prefix = int(batch.prefix_lens[req])
-        if prefix == 0:
-            return _ExtendPlan(start, end, None, None)
-        kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
-        seq = len(kv)
-        causal = np.arange(seq)[None, :] <= prefix + np.arange(end - start)[:, None]
-        return _ExtendPlan(start, end, self._tensor(kv), self._tensor(causal))
+    def _extend_plan(self, plan: plans.ExtendPlan) -> _ExtendPlan:
+        if plan.slots is None or plan.causal is None:
+            return _ExtendPlan(plan.start, plan.end, None, None)
+        return _ExtendPlan(
+            plan.start, plan.end, self._tensor(plan.slots), self._tensor(plan.causal)
+        )
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)

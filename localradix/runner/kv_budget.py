@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localradix.runner.kv_layout import DTYPE_BYTES, KVLayout
+
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
 
@@ -20,7 +22,6 @@ CONTEXTS_IN_POOL = 4
 MIN_DEFAULT_TOKENS = 16_384
 # ... and never fewer than this, whatever the memory says.
 MIN_KV_TOKENS = 1024
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def default_kv_dtype(requested: str, model_dtype: str) -> str:
@@ -35,24 +36,14 @@ def kv_tokens_from_memory(free_bytes: int, fraction: float, bytes_per_token: int
     return max(int(free_bytes * fraction) // bytes_per_token, MIN_KV_TOKENS)
 
 
-@dataclass(frozen=True)
-class KVShape:
-    """What one token of KV cache is made of, across all layers."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str  # "float32", "bfloat16" or "float16"
-
-    @property
-    def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+# The budget's view of the cache is the layout every backend shares; the old name stays.
+KVShape = KVLayout
 
 
 @dataclass(frozen=True)
 class KVBudget:
     tokens: int
-    shape: KVShape
+    shape: KVLayout
     reason: str  # why this many, e.g. "4 x 8,192-token context"
 
     @property
@@ -70,7 +61,9 @@ class KVBudget:
         )
 
 
-def plan_kv_budget(args: ServerArgs, shape: KVShape, context_len: int, free_bytes: int) -> KVBudget:
+def plan_kv_budget(
+    args: ServerArgs, shape: KVLayout, context_len: int, free_bytes: int
+) -> KVBudget:
     """`--max-total-tokens` when given; else a few contexts within `--mem-fraction` of free."""
     if args.max_total_tokens:
         return KVBudget(args.max_total_tokens, shape, "--max-total-tokens")

@@ -12,8 +12,9 @@ import torch
 from localradix.config import ServerArgs
 from localradix.runner.attention import AttentionBackend, get_attention_backend
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import KVShape, plan_kv_budget
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
+from localradix.runner.kv_budget import plan_kv_budget
+from localradix.runner.kv_layout import KVLayout
 from localradix.runner.sampler import sample
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -62,9 +63,7 @@ class TorchRunner(ModelRunner):
         kv_dtype = kv_dtype or dtype
         if kv_dtype != dtype and not backend_cls.kv_dtype_may_differ:
             raise ValueError(f"{attention_backend} attention keeps K/V in the model's dtype")
-        shape = KVShape(
-            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, _name(kv_dtype)
-        )
+        shape = KVLayout.for_model(config, _name(kv_dtype))
         context_len = args.context_length or config.max_position_embeddings
         self.kv_budget = plan_kv_budget(args, shape, context_len, free_device_memory(device))
         self.kv_capacity = self.kv_budget.tokens

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from localradix.config import ServerArgs
-from localradix.runner.cuda_graphs import (
+from localradix.backends.cuda.graphs import (
     graph_batch_sizes,
     pad_decode_batch,
     select_batch_size,
 )
+from localradix.config import ServerArgs
+from localradix.runner.kv_layout import KVLayout
 from localradix.sampling_params import SamplingParams
 from localradix.step import ForwardBatch, SamplingBatch
 
@@ -35,7 +36,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    from localradix.runner.attention_flashinfer import FlashInferAttention
+    from localradix.backends.cuda.attention import FlashInferAttention
 
     fake = FakeFlashInfer()
     monkeypatch.setitem(sys.modules, "flashinfer", fake.module())
@@ -47,7 +48,7 @@ def fake_flashinfer(monkeypatch):
 
 
 def test_page_size_one_is_the_slot_table():
-    from localradix.runner.attention_flashinfer import paged_kv
+    from localradix.backends.cuda.attention import paged_kv
 
     slots = PagedSlots(64, 1, seed=1)
     batch = slots.batch({"a": [1, 2, 3], "b": [4]})
@@ -61,7 +62,7 @@ def test_page_size_one_is_the_slot_table():
 
 @pytest.mark.parametrize("page_size", [2, 4, 16])
 def test_pages_rebuild_every_slot(page_size):
-    from localradix.runner.attention_flashinfer import paged_kv
+    from localradix.backends.cuda.attention import paged_kv
 
     rng = np.random.default_rng(page_size)
     slots = PagedSlots(400, page_size, seed=page_size)
@@ -79,7 +80,7 @@ def test_pages_rebuild_every_slot(page_size):
 
 
 def test_misaligned_slots_are_refused():
-    from localradix.runner.attention_flashinfer import paged_kv
+    from localradix.backends.cuda.attention import paged_kv
 
     batch = ForwardBatch.build([np.array([1, 2, 3])], [np.array([8, 9, 11])], [0])
     with pytest.raises(ValueError, match="whole pages of 4"):
@@ -116,7 +117,7 @@ def test_select_batch_size_takes_the_smallest_that_fits():
 
 
 def test_padding_adds_dummy_requests_on_slot_zero():
-    from localradix.runner.attention_flashinfer import paged_kv
+    from localradix.backends.cuda.attention import paged_kv
 
     slots = PagedSlots(64, 4, seed=3)
     slots.batch({"a": [1, 2, 3, 4, 5], "b": [6, 7]})
@@ -139,13 +140,12 @@ def test_padding_adds_dummy_requests_on_slot_zero():
 
 
 def _attention_pair(page_size: int, num_pages: int = 96):
-    from localradix.runner.attention_flashinfer import FlashInferAttention
+    from localradix.backends.cuda.attention import FlashInferAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    num_slots = num_pages * page_size - 1
-    args = (2, KV_HEADS, DIM, num_slots, torch.bfloat16, "cpu")
-    fi = FlashInferAttention(*args, num_heads=HEADS, page_size=page_size)
-    return fi, TorchNativeAttention(*args)
+    layout = KVLayout(2, KV_HEADS, DIM, "bfloat16", num_pages * page_size - 1, page_size)
+    fi = FlashInferAttention(layout, "cpu", num_heads=HEADS)
+    return fi, TorchNativeAttention(layout, "cpu")
 
 
 def _random_qkv(batch: ForwardBatch, seed: int):
@@ -185,7 +185,7 @@ def test_flashinfer_replans_a_wrapper_only_after_its_last_plan_reached_the_devic
 ):
     """FlashInfer reuses one pinned buffer per wrapper for its async plan copy: with overlap,
     planning step N+1 must first wait for the event recorded after step N's plan."""
-    from localradix.runner import attention_flashinfer
+    from localradix.backends.cuda import attention as attention_flashinfer
 
     log: list[str] = []
 
@@ -214,10 +214,10 @@ def test_flashinfer_replans_a_wrapper_only_after_its_last_plan_reached_the_devic
 
 
 def test_flashinfer_backend_refuses_fp32_and_foreign_scale(fake_flashinfer):
-    from localradix.runner.attention_flashinfer import FlashInferAttention
+    from localradix.backends.cuda.attention import FlashInferAttention
 
     with pytest.raises(ValueError, match="float16 or bfloat16"):
-        FlashInferAttention(1, 1, DIM, 16, torch.float32, "cpu", num_heads=1)
+        FlashInferAttention(KVLayout(1, 1, DIM, "float32", 16), "cpu", num_heads=1)
     fi, _ = _attention_pair(1)
     batch = PagedSlots(96, 1).batch({"a": [1, 2]})
     fi.prepare(batch)
@@ -325,11 +325,15 @@ def test_attention_choices():
 
 def test_specs_name_their_runners():
     from localradix import platform as lp
+    from localradix.registry import load_object
+    from localradix.runner.attention import ATTENTION_BACKENDS
 
     specs = lp.backend_specs()
     assert specs["cuda"].supports_graphs and specs["npu"].attention_backend == "npu_fused"
     for name in ("cuda", "rocm", "npu"):
-        assert callable(lp._load_object(specs[name].create_runner_fn))
+        assert callable(load_object(specs[name].create_runner_fn))
+        # each backend registers its own attention kernels when its spec loads
+        assert specs[name].attention_backend in ATTENTION_BACKENDS
 
 
 # ---- overlap: step N+1 launched before step N's results are read ---------------------------
@@ -487,10 +491,9 @@ def _npu_pair(monkeypatch, page_size: int, fake: FakeTorchNpu):
     from localradix.backends.npu.attention import NpuFusedAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    num_slots = 64 * page_size - 1
-    args = (2, KV_HEADS, DIM, num_slots, torch.bfloat16, "cpu")
-    npu = NpuFusedAttention(*args, num_heads=HEADS, page_size=page_size)
-    return npu, TorchNativeAttention(*args)
+    layout = KVLayout(2, KV_HEADS, DIM, "bfloat16", 64 * page_size - 1, page_size)
+    npu = NpuFusedAttention(layout, "cpu", num_heads=HEADS)
+    return npu, TorchNativeAttention(layout, "cpu")
 
 
 @pytest.mark.parametrize(("page_size", "layout"), [(1, "BSND"), (4, "BSND"), (16, "BSH")])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from localradix.config import ServerArgs
+from localradix.runner.kv_layout import KVLayout
 
 from .gpu_fakes import PagedSlots
 from .test_gpu_backends_cpu import _greedy, _prompt, _random_qkv, _reference_logits
@@ -32,12 +33,12 @@ requires_npu = pytest.mark.skipif(
 @requires_flashinfer
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_flashinfer_matches_torch_native_on_gpu(page_size):
-    from localradix.runner.attention_flashinfer import FlashInferAttention
+    from localradix.backends.cuda.attention import FlashInferAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    args = (2, 2, 16, 96 * page_size - 1, torch.bfloat16, "cuda")
-    fi = FlashInferAttention(*args, num_heads=8, page_size=page_size)
-    ref = TorchNativeAttention(*args)
+    layout = KVLayout(2, 2, 16, "bfloat16", 96 * page_size - 1, page_size)
+    fi = FlashInferAttention(layout, "cuda", num_heads=8)
+    ref = TorchNativeAttention(layout, "cuda")
     slots = PagedSlots(96, page_size, seed=1)
     for i, new in enumerate(
         [{"a": list(range(40)), "b": list(range(9))}, {"a": [1], "c": list(range(5))}, {"a": [2]}]
@@ -115,9 +116,9 @@ def test_npu_fused_decode_on_device():
     from localradix.backends.npu.attention import NpuFusedAttention
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    args = (1, 2, 64, 64 * 16 - 1, torch.bfloat16, "npu")
-    npu = NpuFusedAttention(*args, num_heads=8, page_size=16)
-    ref = TorchNativeAttention(*args)
+    layout = KVLayout(1, 2, 64, "bfloat16", 64 * 16 - 1, 16)
+    npu = NpuFusedAttention(layout, "npu", num_heads=8)
+    ref = TorchNativeAttention(layout, "npu")
     slots = PagedSlots(64, 16, seed=3)
     slots.batch({"a": list(range(30)), "b": list(range(5))})
     batch = slots.batch({"a": [1], "b": [2]})

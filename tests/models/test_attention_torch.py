@@ -13,6 +13,7 @@ from localradix.runner.attention import (
     AttentionBackend,
     get_attention_backend,
 )
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 HQ, HKV, D = 6, 2, 8
@@ -34,7 +35,7 @@ class _World:
 
     def __init__(self, num_slots: int = 256, contiguous: bool = False) -> None:
         self.attn = get_attention_backend("torch_native")(
-            1, HKV, D, num_slots, torch.float32, "cpu"
+            KVLayout(1, HKV, D, "float32", num_slots), "cpu"
         )
         slots = np.arange(1, num_slots + 1)
         self.free = list(slots[::-1] if contiguous else np.random.default_rng(0).permutation(slots))
@@ -151,5 +152,5 @@ def test_registry_and_sizing():
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_attention_backend("nope")
     assert AttentionBackend.kv_bytes_per_token(30, 3, 64, torch.bfloat16) == 2 * 30 * 3 * 64 * 2
-    attn = backend(2, HKV, D, 10, torch.float32, "cpu")
+    attn = backend(KVLayout(2, HKV, D, "float32", 10), "cpu")
     assert attn.k_cache.shape == (2, 11, HKV, D)

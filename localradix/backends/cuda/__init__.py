@@ -3,6 +3,7 @@ CUDA-graph capture of decode steps and a KV pool sized from free GPU memory. Wit
 flashinfer package, or in float32, it runs the torch-native attention (and no graphs)."""
 
 from localradix.platform import BackendSpec
+from localradix.runner.attention import ATTENTION_BACKENDS
 
 SPEC = BackendSpec(
     name="cuda",
@@ -20,3 +21,6 @@ SPEC = BackendSpec(
     attention_backend="flashinfer",
     supports_graphs=True,
 )
+
+# The kernels this backend brings, for the torch runner's attention registry (rocm shares them).
+ATTENTION_BACKENDS.register("flashinfer", "localradix.backends.cuda.attention:FlashInferAttention")

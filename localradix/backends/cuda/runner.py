@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from localradix.runner.cuda_graphs import DecodeGraphs, GraphApi, graph_batch_sizes
+from localradix.backends.cuda.graphs import DecodeGraphs, GraphApi, graph_batch_sizes
 from localradix.runner.torch_runner import TorchRunner
 from localradix.step import ForwardBatch
 

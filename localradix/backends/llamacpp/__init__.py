@@ -22,4 +22,5 @@ SPEC = BackendSpec(
     attention_backend="llama.cpp",
     page_sizes=(1,),
     formats=("gguf",),
+    mixes_decode_into_prefill=True,
 )

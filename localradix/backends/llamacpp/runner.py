@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
+from localradix.backends.llamacpp import SPEC
 from localradix.backends.llamacpp.batch import LlamaBatch
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import KVBudget, KVShape, plan_kv_budget
+from localradix.runner.kv_budget import KVBudget, plan_kv_budget
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def default_threads() -> int:
 
 class LlamaCppRunner(ModelRunner):
     # A CPU step reads every weight once whatever its token count: decode tokens ride along.
-    mixes_decode_into_prefill = True
+    mixes_decode_into_prefill = SPEC.mixes_decode_into_prefill
 
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         settle_openmp()
@@ -193,11 +195,9 @@ class LlamaCppRunner(ModelRunner):
 
     def _kv_budget(self, args: ServerArgs, dtype: str) -> KVBudget:
         """llama.cpp's cells, sized as every backend sizes its pool (see `kv_budget`)."""
-        c = self.config
-        shape = KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
-        context_len = args.context_length or c.max_position_embeddings
+        context_len = args.context_length or self.config.max_position_embeddings
         available = int(psutil.virtual_memory().available)
-        return plan_kv_budget(args, shape, context_len, available)
+        return plan_kv_budget(args, KVLayout.for_model(self.config, dtype), context_len, available)
 
     def _idle_cache_budget(self) -> int:
         """Idle cached cells whose attention scan costs ~1/4 of a step's matmuls (see

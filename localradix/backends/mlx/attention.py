@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from localradix.runner.attention import contiguous_run, shared_prefix_groups
+from localradix.runner import attention_plan as plans
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
-
-MIN_SHARED_PREFIX = 64  # shortest prefix a decode group attends to once (see attention_torch)
 
 
 @dataclass(frozen=True)
@@ -44,30 +43,19 @@ def _ints(array: np.ndarray) -> mx.array:
     return mx.array(np.ascontiguousarray(array, dtype=np.int32))
 
 
-def _slots(slots: np.ndarray) -> mx.array | slice:
-    run = contiguous_run(slots)
-    return run if run is not None else _ints(slots)
-
-
 class MLXPagedAttention:
     """Same protocol as `runner.attention.AttentionBackend`: prepare(batch), then forward per layer."""
 
-    def __init__(
-        self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, dtype: mx.Dtype
-    ) -> None:
-        shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.num_slots = num_slots
-        self.k_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v_cache = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+    def __init__(self, layout: KVLayout, dtype: mx.Dtype) -> None:
+        self.layout = layout
+        self.num_slots = layout.slots
+        self.k_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
+        self.v_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
         mx.eval(self.k_cache, self.v_cache)
         self._out_slots = _ints(np.zeros(0))
         self._decode: _DecodePlan | None = None
         self._extends: list[_ExtendPlan] = []
         self._order: mx.array | None = None  # rows of the concatenated pieces, in token order
-
-    @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
 
     def state(self) -> list[mx.array]:
         """The cache arrays, for `mx.eval` at the end of a step (keeps the graph one step deep)."""
@@ -75,10 +63,9 @@ class MLXPagedAttention:
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._out_slots = _ints(batch.out_slots)
-        is_decode = batch.extend_lens == 1
-        decode_reqs = np.flatnonzero(is_decode)
-        self._decode = self._plan_decode(batch, decode_reqs) if len(decode_reqs) else None
-        self._extends = [self._plan_extend(batch, int(i)) for i in np.flatnonzero(~is_decode)]
+        plan = plans.plan_attention(batch)  # one decode group: MLX gathers lazily
+        self._decode = _decode_plan(plan.decodes[0]) if plan.decodes else None
+        self._extends = [_extend_plan(extend) for extend in plan.extends]
         self._order = self._plan_order(batch.num_tokens)
 
     def forward(
@@ -137,35 +124,6 @@ class MLXPagedAttention:
 
     # -- planning (numpy -> MLX index arrays, once per step) ------------------------------
 
-    def _plan_decode(self, batch: ForwardBatch, reqs: np.ndarray) -> _DecodePlan:
-        rows = batch.qo_indptr[reqs]
-        row_index = None if len(reqs) == batch.num_reqs else _ints(rows)
-        lens = batch.seq_lens[reqs]
-        starts = batch.kv_indptr[reqs]
-        if len(reqs) == 1:
-            run = contiguous_run(batch.kv_indices[starts[0] : starts[0] + lens[0]])
-            if run is not None:
-                return _DecodePlan(rows, row_index, run, None)
-        skip, groups = shared_prefix_groups(batch.kv_indices, starts, lens, MIN_SHARED_PREFIX)
-        starts, lens = starts + skip, lens - skip
-        shared = tuple((_ints(g_rows), _slots(prefix)) for g_rows, prefix in groups)
-        width = int(lens.max())
-        cols = np.arange(width, dtype=np.int64)
-        valid = cols[None, :] < lens[:, None]
-        flat = np.minimum(starts[:, None] + cols[None, :], len(batch.kv_indices) - 1)
-        slots = np.where(valid, batch.kv_indices[flat], 0)  # padding reads the dummy slot 0
-        mask = None if bool(valid.all()) else mx.array(valid[:, None, None, :])
-        return _DecodePlan(rows, row_index, _ints(slots), mask, shared)
-
-    def _plan_extend(self, batch: ForwardBatch, req: int) -> _ExtendPlan:
-        start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
-        prefix = int(batch.prefix_lens[req])
-        if prefix == 0:
-            return _ExtendPlan(start, end, None, None)
-        kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
-        causal = np.arange(len(kv))[None, :] <= prefix + np.arange(end - start)[:, None]
-        return _ExtendPlan(start, end, _ints(kv), mx.array(causal))
-
     def _plan_order(self, num_tokens: int) -> mx.array | None:
         """Pieces come out as [decode rows..., extend 0, extend 1, ...]; None = already in order."""
         parts = [] if self._decode is None else [self._decode.rows]
@@ -174,6 +132,23 @@ class MLXPagedAttention:
         if np.array_equal(produced, np.arange(num_tokens)):
             return None
         return _ints(np.argsort(produced, kind="stable"))
+
+
+def _decode_plan(group: plans.DecodeGroup) -> _DecodePlan:
+    row_index = None if group.all_rows else _ints(group.token_rows)
+    if group.run is not None:
+        return _DecodePlan(group.token_rows, row_index, group.run, None)
+    mask = None if group.valid is None else mx.array(group.valid[:, None, None, :])
+    shared = tuple(
+        (_ints(p.rows), p.run if p.run is not None else _ints(p.slots)) for p in group.shared
+    )
+    return _DecodePlan(group.token_rows, row_index, _ints(group.slots), mask, shared)
+
+
+def _extend_plan(plan: plans.ExtendPlan) -> _ExtendPlan:
+    if plan.slots is None or plan.causal is None:
+        return _ExtendPlan(plan.start, plan.end, None, None)
+    return _ExtendPlan(plan.start, plan.end, _ints(plan.slots), mx.array(plan.causal))
 
 
 def _partial(

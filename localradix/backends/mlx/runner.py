@@ -22,7 +22,8 @@ from localradix.backends.mlx.weights import load_weights
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import KVShape, plan_kv_budget
+from localradix.runner.kv_budget import plan_kv_budget
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
@@ -55,21 +56,13 @@ class MLXRunner(ModelRunner):
     ) -> None:
         self.model, self.config, self.device = model, config, device
         self.dtype = model.dtype
-        shape = KVShape(
-            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, _name(self.dtype)
-        )
+        shape = KVLayout.for_model(config, _name(self.dtype))
         context_len = args.context_length or config.max_position_embeddings
         available = int(psutil.virtual_memory().available)  # unified memory
         self.kv_budget = plan_kv_budget(args, shape, context_len, available)
         self.kv_capacity = self.kv_budget.tokens
         with mx.stream(device):
-            self.attn = MLXPagedAttention(
-                config.num_hidden_layers,
-                config.num_key_value_heads,
-                config.head_dim,
-                self.kv_capacity,
-                self.dtype,
-            )
+            self.attn = MLXPagedAttention(shape.with_slots(self.kv_capacity), self.dtype)
         logger.info("%s; MLX arrays on %s", self.kv_budget.describe(), device)
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:

@@ -2,6 +2,7 @@
 for decode steps and torch-native paged attention for the rest (and in float32)."""
 
 from localradix.platform import BackendSpec
+from localradix.runner.attention import ATTENTION_BACKENDS
 
 SPEC = BackendSpec(
     name="npu",
@@ -16,3 +17,6 @@ SPEC = BackendSpec(
     device_types=("npu",),
     attention_backend="npu_fused",
 )
+
+# The kernels this backend brings, for the torch runner's attention registry.
+ATTENTION_BACKENDS.register("npu_fused", "localradix.backends.npu.attention:NpuFusedAttention")

@@ -19,6 +19,7 @@ import torch
 
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.attention_torch import TorchNativeAttention
+from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 logger = logging.getLogger("localradix.runner")
@@ -47,28 +48,16 @@ def slot_table(batch: ForwardBatch) -> np.ndarray:
 class NpuFusedAttention(AttentionBackend):
     takes_page_size = True
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        num_heads: int,
-        page_size: int = 1,
-    ) -> None:
+    def __init__(self, layout: KVLayout, device: torch.device | str, num_heads: int) -> None:
         import torch_npu
 
-        super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
+        super().__init__(layout, device)
         self.ops: Any = torch_npu
-        self.num_heads, self.page_size = num_heads, page_size
-        self.paged = page_size % BLOCK_MULTIPLE == 0
-        whole_pages = -(-(num_slots + 1) // page_size) * page_size  # the cache is whole blocks
-        self.native = TorchNativeAttention(
-            num_layers, num_kv_heads, head_dim, whole_pages - 1, dtype, device
-        )
-        self.fused = dtype in (torch.float16, torch.bfloat16)
+        self.num_heads, self.page_size = num_heads, layout.page_size
+        self.paged = layout.page_size % BLOCK_MULTIPLE == 0
+        whole_pages = layout.pages * layout.page_size  # the cache is whole blocks
+        self.native = TorchNativeAttention(layout.with_slots(whole_pages - 1), device)
+        self.fused = self.dtype in (torch.float16, torch.bfloat16)
         self._scale_kw = "scale"  # older torch_npu releases name it scale_value
         self._plan: dict[str, Any] | None = None
         self._out_slots = torch.zeros(0, dtype=torch.long, device=device)
@@ -82,7 +71,7 @@ class NpuFusedAttention(AttentionBackend):
 
     def _gather_fits(self, batch: ForwardBatch) -> bool:
         """Gathered K/V stay within the native backend's budget (it splits bigger batches)."""
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = self.layout.layer_bytes_per_token
         width = int(batch.seq_lens.max())
         return batch.num_reqs * width * per_token <= self.native.decode_gather_bytes
 

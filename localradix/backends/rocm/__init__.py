@@ -2,6 +2,7 @@
 runner with FlashInfer+ROCm attention and decode graphs on MI300-class GPUs (gfx942/gfx950),
 torch-native (SDPA) attention elsewhere; see `localradix.backends.rocm.runner`."""
 
+from localradix.backends import cuda as _cuda  # noqa: F401  (registers the FlashInfer kernels)
 from localradix.platform import BackendSpec
 
 SPEC = BackendSpec(

@@ -10,7 +10,7 @@ A decode-only batch runs the decode wrapper; a batch with any extend runs the pr
 every request (FlashInfer aligns the causal mask to the end of each request's KV, so a decode
 inside a mixed batch is a length-1 extend). Decode batches can also run under CUDA graphs: one
 decode wrapper per graph batch size, planned into fixed buffers before each replay
-(`graph_state` / `prepare_graph`, used by `localradix.runner.cuda_graphs`).
+(`graph_state` / `prepare_graph`, used by `localradix.backends.cuda.graphs`).
 
 `flashinfer` is imported when the backend is built, never when this module is imported.
 """
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from localradix.runner.attention import AttentionBackend
+from localradix.runner.kv_layout import KVLayout
 from localradix.runner.torch_runner import device_event
 from localradix.step import ForwardBatch
 
@@ -89,32 +90,23 @@ class FlashInferAttention(AttentionBackend):
     takes_page_size = True
     workspace_bytes = 128 * 2**20  # FlashInfer's float workspace, shared by all wrappers
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        num_heads: int,
-        page_size: int = 1,
-    ) -> None:
+    def __init__(self, layout: KVLayout, device: torch.device | str, num_heads: int) -> None:
         import flashinfer
 
-        super().__init__(num_layers, num_kv_heads, head_dim, num_slots, dtype, device)
+        super().__init__(layout, device)
+        dtype = self.dtype
         if dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, not {dtype}")
         self.fi = flashinfer
-        self.num_heads, self.page_size = num_heads, page_size
-        self.sm_scale = head_dim**-0.5
-        self.num_pages = -(-(num_slots + 1) // page_size)  # slot ids are <= num_slots
-        shape = (num_layers, self.num_pages, page_size, num_kv_heads, head_dim)
+        self.num_heads, self.page_size = num_heads, layout.page_size
+        self.sm_scale = layout.head_dim**-0.5
+        self.num_pages = layout.pages  # slot ids are <= num_slots
+        shape = (layout.layers, self.num_pages, layout.page_size, layout.kv_heads, layout.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.workspace = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=device)
         # Tensor-core decode pays off once several query heads share a KV head.
-        self.tensor_cores = num_heads // num_kv_heads >= 4
+        self.tensor_cores = num_heads // layout.kv_heads >= 4
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, NHD)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, NHD, use_tensor_cores=self.tensor_cores

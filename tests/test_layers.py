@@ -1,0 +1,139 @@
+"""Arrows only point down: no module of localradix imports one from a layer above its own.
+
+Layers, bottom to top (a module may import its own layer and the ones below):
+  0  seam types and plumbing: sampling_params, messages, step, held_text, registry, config
+  1  mem (the radix cache and the KV pool: numpy only)
+  2  the hardware side and its helpers: runner, backends, models, loader, constrained, parsers,
+     platform (the backend registry: backends import its BackendSpec), resolve (every "auto")
+  3  sched
+  4  engine
+  5  the front ends: server, tui, bench, cli, doctor, __main__, and the package's __init__
+Every import statement counts, including lazy ones inside functions (they run, so they are
+dependencies); only `if TYPE_CHECKING:` blocks are skipped (annotations, never executed).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "localradix"
+
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(("sampling_params", "messages", "step", "held_text", "registry", "config"), 0),
+    "mem": 1,
+    **dict.fromkeys(
+        (
+            "runner",
+            "backends",
+            "models",
+            "loader",
+            "constrained",
+            "parsers",
+            "platform",
+            "resolve",
+        ),
+        2,
+    ),
+    "sched": 3,
+    "engine": 4,
+    **dict.fromkeys(("server", "tui", "bench", "cli", "doctor", "__main__", "__init__"), 5),
+}
+
+# Upward imports known while other branches fix them: (importing room, imported room) -> why.
+# The lead empties this after merging; an entry that no longer occurs fails the test too.
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def room_of(module: str) -> str:
+    """The layer key of a dotted module name: "localradix.sched.policy" -> "sched"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def package_of(path: Path) -> str:
+    """The package relative imports in `path` start from."""
+    name = module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module) of every runtime import of localradix in `source`."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found.append((node.lineno, base))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return [(line, m) for line, m in found if m == "localradix" or m.startswith("localradix.")]
+
+
+def upward_imports() -> list[tuple[str, int, str, str]]:
+    """(file, line, importer room, imported room) for each import that points up."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = room_of(module_name(path))
+        for line, module in imported_modules(path.read_text(), package_of(path)):
+            them = room_of(module)
+            if LAYERS[them] > LAYERS[me]:
+                bad.append((str(path.relative_to(PACKAGE.parent)), line, me, them))
+    return bad
+
+
+def test_every_room_has_a_layer() -> None:
+    rooms = {room_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert rooms <= set(LAYERS), (
+        f"give these a layer in tests/test_layers.py: {rooms - set(LAYERS)}"
+    )
+
+
+def test_no_module_imports_a_layer_above_it() -> None:
+    bad = upward_imports()
+    unexpected = [b for b in bad if (b[2], b[3]) not in ALLOWED]
+    assert not unexpected, "upward imports:\n" + "\n".join(
+        f"{file}:{line}: {me} (layer {LAYERS[me]}) imports {them} (layer {LAYERS[them]})"
+        for file, line, me, them in unexpected
+    )
+    stale = set(ALLOWED) - {(b[2], b[3]) for b in bad}
+    assert not stale, f"no longer occur, remove from ALLOWED: {sorted(stale)}"
+
+
+def test_the_walker_sees_lazy_and_relative_imports() -> None:
+    source = (
+        "import numpy\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from localradix.server import app\n"
+        "else:\n    from . import policy\n"
+        "def f():\n    from ..engine import core\n    import localradix.mem.kv_pool\n"
+    )
+    modules = [m for _, m in imported_modules(source, "localradix.sched")]
+    assert modules == ["localradix.sched", "localradix.engine", "localradix.mem.kv_pool"]
+    assert room_of("localradix.sched.policy") == "sched" and room_of("localradix") == "__init__"
