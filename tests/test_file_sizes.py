@@ -11,8 +11,6 @@ MAX_LINES = 400
 # An entry that is no longer over the limit fails the test, so the list only shrinks.
 KNOWN_OFFENDERS: frozenset[str] = frozenset(
     {
-        "mem/radix_cache.py",
-        "sched/scheduler.py",
         "server/anthropic.py",
         "server/app.py",
         "server/ollama.py",

@@ -2,12 +2,15 @@
 
 Layers, bottom to top (a module may import its own layer and the ones below):
   0  seam types and plumbing: sampling_params, messages, step, held_text, registry, config
-  1  mem (the radix cache and the KV pool: numpy only)
+  1  mem (the radix cache and the KV pool: numpy only), spec (speculative drafts and their
+     verification: numpy only, reads the radix cache)
   2  the hardware side and its helpers: runner, backends, models, loader, constrained, parsers,
-     platform (the backend registry: backends import its BackendSpec), resolve (every "auto")
+     platform (the backend registry: backends import its BackendSpec), resolve (every "auto"),
+     store (the model store: the loader resolves store names)
   3  sched
   4  engine
-  5  the front ends: server, tui, bench, cli, doctor, __main__, and the package's __init__
+  5  the front ends: server, tui, bench, cli, doctor, ps, chat_repl, __main__, and the
+     package's __init__
 Every import statement counts, including lazy ones inside functions (they run, so they are
 dependencies); only `if TYPE_CHECKING:` blocks are skipped (annotations, never executed).
 """
@@ -21,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "localradix"
 
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("sampling_params", "messages", "step", "held_text", "registry", "config"), 0),
-    "mem": 1,
+    **dict.fromkeys(("mem", "spec"), 1),
     **dict.fromkeys(
         (
             "runner",
@@ -32,12 +35,15 @@ LAYERS: dict[str, int] = {
             "parsers",
             "platform",
             "resolve",
+            "store",
         ),
         2,
     ),
     "sched": 3,
     "engine": 4,
-    **dict.fromkeys(("server", "tui", "bench", "cli", "doctor", "__main__", "__init__"), 5),
+    **dict.fromkeys(
+        ("server", "tui", "bench", "cli", "doctor", "ps", "chat_repl", "__main__", "__init__"), 5
+    ),
 }
 
 # Upward imports known while other branches fix them: (importing room, imported room) -> why.
