@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     slots = args.prefix + args.batch * args.own + 1
-    attn = TorchNativeAttention(KVLayout(1, args.kv_heads, args.head_dim, dtype, slots), "cpu")
+    attn = TorchNativeAttention(KVLayout(1, args.kv_heads, args.head_dim, args.dtype, slots), "cpu")
     attn.k_cache.normal_()
     attn.v_cache.normal_()
     tail = args.prefix + 1 + np.arange(args.batch * args.own).reshape(args.batch, args.own)
