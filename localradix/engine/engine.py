@@ -28,6 +28,7 @@ from localradix.messages import (
     EngineEvent,
     ErrorCode,
     Fatal,
+    GenerateRequest,
     LoadFailed,
     Ready,
     RequestOutput,
@@ -75,7 +76,7 @@ class Engine:
         from localradix.engine.core import EngineCore
 
         self.args = ServerArgs(model=model, **server_args)
-        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._inbox: queue.Queue[list[Any]] = queue.Queue()  # lists of messages for the loop
         self._listeners: dict[str, Listener] = {}
         self._ids = itertools.count()
         self._closed = False
@@ -116,10 +117,12 @@ class Engine:
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
         arrived: queue.Queue[tuple[RequestTracker, Choice, RequestOutput]] = queue.Queue()
-        trackers = [
-            self._submit(prompt, p, lambda t, c: lambda out: arrived.put((t, c, out)))
+        tracked = [
+            self._track(prompt, p, lambda t, c: lambda out: arrived.put((t, c, out)))
             for prompt, p in zip(prompt_list, param_list)
         ]
+        self._send([req for _, requests in tracked for req in requests])  # forks in one step
+        trackers = [t for t, _ in tracked]
         while not all(t.finished for t in trackers):
             tracker, choice, out = arrived.get()
             tracker.apply(choice, out, Delta(choice.index))
@@ -137,7 +140,8 @@ class Engine:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(outbox.put_nowait, out)
 
-        tracker = self._submit(prompt, params, lambda t, c: on_output)
+        tracker, requests = self._track(prompt, params, lambda t, c: on_output)
+        self._send(requests)
         choice = tracker.choices[0]
         try:
             while not choice.finished:
@@ -159,7 +163,7 @@ class Engine:
         return self.generate([ids], params)[0]
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(AbortRequest(rid))
+        self._send([AbortRequest(rid)])
 
     def stats(self) -> Any:
         return self._call(lambda core: core.stats())
@@ -173,7 +177,7 @@ class Engine:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._inbox.put(Shutdown())
+            self._send([Shutdown()])
             self._thread.join(timeout=30)
 
     def __enter__(self) -> Engine:
@@ -188,14 +192,19 @@ class Engine:
         if self._dead is not None:
             raise RuntimeError(f"the engine loop crashed: {self._dead}")
 
-    def _submit(
+    def _send(self, messages: list[Any]) -> None:
+        if messages:
+            self._inbox.put(messages)
+
+    def _track(
         self,
         prompt: Prompt,
         params: SamplingParams,
         listener_for: Callable[[RequestTracker, Choice], Listener],
-    ) -> RequestTracker:
-        """Track one prompt's request and send its choices to the loop (a prompt the engine
-        cannot take ends at once, worded as the server words it)."""
+    ) -> tuple[RequestTracker, list[GenerateRequest]]:
+        """Track one prompt's request and listen for its choices; the caller sends the engine
+        requests. A prompt the engine cannot take gets none: its choices end at once, with the
+        server's wording."""
         self._check_alive()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         ids = [int(t) for t in ids]
@@ -207,10 +216,7 @@ class Engine:
                 self._listeners[choice.rid] = listener
             else:
                 listener(error_output(choice.rid, problem.message, ErrorCode.INVALID_REQUEST))
-        if problem is None:
-            for req in tracker.engine_requests():
-                self._inbox.put(req)
-        return tracker
+        return tracker, tracker.engine_requests() if problem is None else []
 
     def _on_event(self, event: EngineEvent) -> None:
         """Runs on the loop's thread: hand outputs to their listeners, nothing more."""
@@ -234,17 +240,18 @@ class Engine:
         self._listeners.clear()
         while True:
             try:
-                msg = self._inbox.get_nowait()
+                messages = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(msg, CoreCall):
-                msg.reply.put((False, RuntimeError(f"the engine loop crashed: {message}")))
+            for msg in messages:
+                if isinstance(msg, CoreCall):
+                    msg.reply.put((False, RuntimeError(f"the engine loop crashed: {message}")))
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(core)` on the loop's thread and return its result."""
         self._check_alive()
         reply: queue.Queue[tuple[bool, Any]] = queue.Queue()
-        self._inbox.put(CoreCall(fn, reply))
+        self._send([CoreCall(fn, reply)])
         while True:
             try:
                 ok, value = reply.get(timeout=0.5)

@@ -53,21 +53,25 @@ class ZmqTransport:
 
 
 class QueueTransport:
-    """Messages in through a queue; events out through a callback run on the loop's thread
+    """Lists of messages in through a queue; events out through a callback run on the loop's thread
     (it must be quick: hand the event on, never work on it there)."""
 
     feeds_stats = False  # `Engine.stats()` asks when it wants a snapshot
 
-    def __init__(self, inbox: queue.Queue[Any], on_event: Callable[[EngineEvent], None]) -> None:
+    def __init__(
+        self, inbox: queue.Queue[list[Any]], on_event: Callable[[EngineEvent], None]
+    ) -> None:
         self.inbox = inbox
         self.on_event = on_event
 
     def receive(self, block: bool) -> list[Any]:
+        """Each inbox item is a list of messages, as on the wire: requests sent together (the
+        forks of one request) reach the scheduler in the same step."""
         messages: list[Any] = []
         try:
-            messages.append(self.inbox.get(block=block))
+            messages.extend(self.inbox.get(block=block))
             while True:
-                messages.append(self.inbox.get_nowait())
+                messages.extend(self.inbox.get_nowait())
         except queue.Empty:
             return messages
 

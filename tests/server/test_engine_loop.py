@@ -109,9 +109,8 @@ def test_queue_transport_announces_runs_answers_calls_and_stops():
     inbox: queue.Queue = queue.Queue()
     heard = _Collector()
     reply: queue.Queue = queue.Queue()
-    inbox.put(GenerateRequest("a", (1, 2), PARAMS))
-    inbox.put(CoreCall(lambda core: core.info.name, reply))
-    inbox.put(FlushCache())  # refused: "a" is running
+    inbox.put([GenerateRequest("a", (1, 2), PARAMS), CoreCall(lambda core: core.info.name, reply)])
+    inbox.put([FlushCache()])  # refused: "a" is running
     worker = threading.Thread(
         target=run_engine, args=(lambda: FakeCore(ServerArgs()), QueueTransport(inbox, heard))
     )
@@ -120,7 +119,7 @@ def test_queue_transport_announces_runs_answers_calls_and_stops():
     deadline = time.monotonic() + 10
     while not any(o.finished for o in _outputs(heard)) and time.monotonic() < deadline:
         time.sleep(0.01)
-    inbox.put(Shutdown())
+    inbox.put([Shutdown()])
     worker.join(10)
     assert not worker.is_alive()
     assert isinstance(heard.events[0], Ready) and heard.events[0].info.name == "fake-model"
@@ -142,7 +141,7 @@ def test_a_core_that_fails_to_load_or_crashes_tells_its_peer():
     assert heard.events == [LoadFailed("OSError: no such model")]
 
     inbox: queue.Queue = queue.Queue()
-    inbox.put(GenerateRequest("x", tuple(b"CRASH"), PARAMS))  # the fake core raises in step
+    inbox.put([GenerateRequest("x", tuple(b"CRASH"), PARAMS)])  # the fake core raises in step
     heard = _Collector()
     assert not run_engine(lambda: FakeCore(ServerArgs()), QueueTransport(inbox, heard))
     assert isinstance(heard.events[-1], Fatal) and "fake engine crash" in heard.events[-1].message
