@@ -123,8 +123,14 @@ class Engine:
         ]
         self._send([req for _, requests in tracked for req in requests])  # forks in one step
         trackers = [t for t, _ in tracked]
-        while not all(t.finished for t in trackers):
-            tracker, choice, out = arrived.get()
+        # Fold the outputs in once all are in: detokenizing here while the loop runs would
+        # take the GIL from it on every step.
+        received, unfinished = [], sum(len(t.choices) for t in trackers)
+        while unfinished:
+            received.append(arrived.get())
+            if received[-1][2].finished:
+                unfinished -= 1
+        for tracker, choice, out in received:
             tracker.apply(choice, out, Delta(choice.index))
         return [_result(c) for t in trackers for c in t.choices]
 
