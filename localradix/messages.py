@@ -1,13 +1,23 @@
-"""Plain messages between the API process and the engine process (pickled over ZMQ).
+"""Plain messages between a front end and the engine loop (pickled over ZMQ by the server).
 
-The in-process `Engine` uses the same messages, so both paths share one protocol.
+Requests go in (`EngineRequest`), events come out (`EngineEvent`); the in-process `Engine`
+uses the same messages over queues, so both paths share one protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from localradix.sampling_params import SamplingParams
+
+
+class ErrorCode(str, Enum):
+    """Why the engine ended a request with finish_reason "error" (the message says the rest)."""
+
+    INVALID_REQUEST = "invalid_request"  # the engine cannot take it: lengths, token ids, ...
+    INVALID_CONSTRAINT = "invalid_constraint"  # the output constraint does not compile
+    ENGINE_FAILURE = "engine_failure"  # the engine loop crashed
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,11 @@ class AbortRequest:
 @dataclass(frozen=True)
 class FlushCache:
     """Drop every unlocked cached prefix; refused while requests run."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the engine loop (the API process aborts its requests first)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,7 @@ class RequestOutput:
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None
+    error_code: ErrorCode | None = None  # set whenever `error` is
 
 
 @dataclass(frozen=True)
@@ -84,3 +100,45 @@ class ModelInfo:
     dtype: str
     kv_total_tokens: int
     architecture: str = ""
+
+
+# ---- what the engine loop sends back (besides EngineStats snapshots) ------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The core is built: sent once, first."""
+
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The core could not be built (sent instead of Ready; the loop then ends)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """What one engine step produced (only steps that produced something are sent)."""
+
+    outputs: list[RequestOutput]
+
+
+@dataclass(frozen=True)
+class FlushDone:
+    """The answer to FlushCache: False while requests run."""
+
+    flushed: bool
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """The loop crashed (a bug or a device error): the last line of its traceback."""
+
+    message: str
+
+
+EngineRequest = GenerateRequest | AbortRequest | FlushCache | Shutdown
+EngineEvent = Ready | LoadFailed | StepOutputs | EngineStats | FlushDone | Fatal

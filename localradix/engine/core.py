@@ -1,7 +1,7 @@
-"""EngineCore: model + runner + KV pool + radix cache + scheduler, driven one step at a time.
+"""EngineCore: model + runner + KV pool + radix cache + scheduler, built from ServerArgs.
 
-Used by the engine process of the server and by the in-process `Engine`; not thread-safe (one
-owner thread calls every method).
+The engine loop (engine/loop.py) drives it one step at a time, in the server's engine process
+and under the in-process `Engine`; not thread-safe (one owner thread calls every method).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.messages import EngineStats, GenerateRequest, ModelInfo, RequestOutput
+from localradix.messages import ModelInfo
 from localradix.sched.scheduler import Scheduler
 
 logger = logging.getLogger("localradix.engine")
@@ -39,6 +39,12 @@ class EngineCore:
             vocab_size=config.vocab_size,
             grammar=_grammar_service(self.tokenizer, config.vocab_size, args),
         )
+        # The loop's request interface is the scheduler's own (engine/loop.py's Core).
+        self.add_request = self.scheduler.add_request
+        self.abort = self.scheduler.abort
+        self.step = self.scheduler.step
+        self.has_work = self.scheduler.has_work
+        self.stats = self.scheduler.stats
         self.info = ModelInfo(
             name=args.served_model_name or source.name,
             path=str(source.path),
@@ -51,21 +57,6 @@ class EngineCore:
             architecture=config.architecture,
         )
         logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
-
-    def add_request(self, req: GenerateRequest) -> None:
-        self.scheduler.add_request(req)
-
-    def abort(self, rid: str) -> None:
-        self.scheduler.abort(rid)
-
-    def step(self) -> list[RequestOutput]:
-        return self.scheduler.step()
-
-    def has_work(self) -> bool:
-        return self.scheduler.has_work()
-
-    def stats(self) -> EngineStats:
-        return self.scheduler.stats()
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests run."""

@@ -1,8 +1,10 @@
 """`localradix.Engine`: the whole engine in-process, for scripts and tests (no server).
 
-A background thread owns the EngineCore and runs its loop; callers hand it requests through a
-queue and receive outputs through callbacks, so both the blocking `generate` and the asyncio
-`stream` are safe to use from any thread.
+A background thread runs the engine loop (engine/loop.py) over in-process queues: the same loop
+the server's engine process runs over ZMQ. Requests are tracked by the same RequestTracker the
+server's jobs wrap (fan-out of `n`, detokenizing, stop strings, finish reasons), on the caller's
+side, so the same request gives the same text here and over HTTP; both the blocking `generate`
+and the asyncio `stream` are safe to use from any thread.
 """
 
 from __future__ import annotations
@@ -17,12 +19,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.engine.loop import CoreCall, run_engine
+from localradix.engine.tracker import Choice, Delta, RequestTracker, error_output
+from localradix.engine.transport import QueueTransport
+from localradix.limits import RequestLimits
+from localradix.messages import (
+    AbortRequest,
+    EngineEvent,
+    ErrorCode,
+    Fatal,
+    GenerateRequest,
+    LoadFailed,
+    Ready,
+    RequestOutput,
+    Shutdown,
+    StepOutputs,
+    TokenLogprob,
+)
 from localradix.sampling_params import SamplingParams
 
 logger = logging.getLogger("localradix.engine")
 
 Prompt = str | Sequence[int]
+Listener = Callable[[RequestOutput], None]
 
 
 @dataclass
@@ -30,12 +49,13 @@ class GenerateResult:
     rid: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # the engine's: "stop" | "length" | "abort" | "error"
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
+    error_code: ErrorCode | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -56,25 +76,35 @@ class Engine:
         from localradix.engine.core import EngineCore
 
         self.args = ServerArgs(model=model, **server_args)
-        self._inbox: queue.Queue[Any] = queue.Queue()
-        self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._inbox: queue.Queue[list[Any]] = queue.Queue()  # lists of messages for the loop
+        self._listeners: dict[str, Listener] = {}
         self._ids = itertools.count()
         self._closed = False
-        self._dead: Exception | None = None
+        self._dead: str | None = None
+        self._loaded: queue.Queue[Ready | LoadFailed] = queue.Queue(maxsize=1)
+        failure: list[BaseException] = []
+
+        def build() -> EngineCore:
+            try:
+                return EngineCore(self.args)
+            except BaseException as exc:  # re-raised on the caller's thread, as itself
+                failure.append(exc)
+                raise
+
+        transport = QueueTransport(self._inbox, self._on_event)
         # The core is built on the loop's thread, which alone touches it (llama.cpp's OpenMP
         # team belongs to the thread that first runs it; a second thread's team slows both).
-        built: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(
-            target=self._loop, args=(lambda: EngineCore(self.args), built), daemon=True,
-            name="localradix-engine",
-        )  # fmt: skip
+            target=run_engine, args=(build, transport), daemon=True, name="localradix-engine"
+        )
         self._thread.start()
-        core = built.get()
-        if isinstance(core, BaseException):
+        loaded = self._loaded.get()
+        if isinstance(loaded, LoadFailed):
             self._thread.join()
-            raise core
-        self.core: EngineCore = core
-        self.tokenizer = core.tokenizer
+            raise failure[0] if failure else RuntimeError(loaded.message)
+        self.core: EngineCore = self._call(lambda core: core)
+        self.tokenizer = self.core.tokenizer
+        self.limits = RequestLimits.of(loaded.info)
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -86,22 +116,29 @@ class Engine:
         """Generate for one or many prompts; blocks until all are done. n > 1 adds forks."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
-        pending = [
-            self._submit_blocking(prompt, p)
-            for prompt, p0 in zip(prompt_list, param_list)
-            for prompt, p in self._forks(prompt, p0)
+        arrived: queue.Queue[tuple[RequestTracker, Choice, RequestOutput]] = queue.Queue()
+        tracked = [
+            self._track(prompt, p, lambda t, c: lambda out: arrived.put((t, c, out)))
+            for prompt, p in zip(prompt_list, param_list)
         ]
-        for done, _ in pending:
-            done.wait()
-        return [self._finish_text(result) for _, result in pending]
+        self._send([req for _, requests in tracked for req in requests])  # forks in one step
+        trackers = [t for t, _ in tracked]
+        # Fold the outputs in once all are in: detokenizing here while the loop runs would
+        # take the GIL from it on every step.
+        received, unfinished = [], sum(len(t.choices) for t in trackers)
+        while unfinished:
+            received.append(arrived.get())
+            if received[-1][2].finished:
+                unfinished -= 1
+        for tracker, choice, out in received:
+            tracker.apply(choice, out, Delta(choice.index))
+        return [_result(c) for t in trackers for c in t.choices]
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> AsyncIterator[StreamChunk]:
         """Yield text deltas of one request as they are generated (abort if the caller stops)."""
-        from localradix.engine.detokenizer import IncrementalDetokenizer
-
-        params = params or SamplingParams()
+        params = (params or SamplingParams()).replace(n=1)
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -109,21 +146,20 @@ class Engine:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(outbox.put_nowait, out)
 
-        rid = self._submit(prompt, params, on_output)
-        detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop)
-        finished = False
+        tracker, requests = self._track(prompt, params, lambda t, c: on_output)
+        self._send(requests)
+        choice = tracker.choices[0]
         try:
-            while not finished:
+            while not choice.finished:
                 out = await outbox.get()
-                finished = out.finished
-                text = detok.add(list(out.new_token_ids))
-                if finished:
-                    stop = out.matched_stop if isinstance(out.matched_stop, str) else None
-                    text += detok.finish(stop)
-                yield StreamChunk(text, out.new_token_ids, finished, out.finish_reason, out)
+                delta = Delta(choice.index)
+                tracker.apply(choice, out, delta)
+                yield StreamChunk(
+                    delta.text, out.new_token_ids, out.finished, out.finish_reason, out
+                )
         finally:
-            if not finished:
-                self.abort(rid)
+            if not choice.finished:
+                self.abort(choice.rid)
 
     def chat(
         self, messages: list[dict[str, Any]], params: SamplingParams | None = None
@@ -133,7 +169,7 @@ class Engine:
         return self.generate([ids], params)[0]
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(AbortRequest(rid))
+        self._send([AbortRequest(rid)])
 
     def stats(self) -> Any:
         return self._call(lambda core: core.stats())
@@ -147,7 +183,7 @@ class Engine:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._inbox.put(None)
+            self._send([Shutdown()])
             self._thread.join(timeout=30)
 
     def __enter__(self) -> Engine:
@@ -160,124 +196,101 @@ class Engine:
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise RuntimeError(f"the engine loop crashed: {self._dead!r}") from self._dead
+            raise RuntimeError(f"the engine loop crashed: {self._dead}")
 
-    def _forks(self, prompt: Prompt, params: SamplingParams) -> list[tuple[Prompt, SamplingParams]]:
-        if params.n == 1:
-            return [(prompt, params)]
-        seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
-        return [(prompt, params.replace(n=1, seed=s)) for s in seeds]
+    def _send(self, messages: list[Any]) -> None:
+        if messages:
+            self._inbox.put(messages)
 
-    def _submit(
-        self, prompt: Prompt, params: SamplingParams, on_output: Callable[[RequestOutput], None]
-    ) -> str:
+    def _track(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        listener_for: Callable[[RequestTracker, Choice], Listener],
+    ) -> tuple[RequestTracker, list[GenerateRequest]]:
+        """Track one prompt's request and listen for its choices; the caller sends the engine
+        requests. A prompt the engine cannot take gets none: its choices end at once, with the
+        server's wording."""
         self._check_alive()
-        rid = f"engine-{next(self._ids)}"
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._callbacks[rid] = on_output
-        self._inbox.put(GenerateRequest(rid, tuple(int(t) for t in ids), params))
-        return rid
+        ids = [int(t) for t in ids]
+        tracker = RequestTracker(f"engine-{next(self._ids)}", [ids], params, self.tokenizer)
+        problem = self.limits.prompt_problem(ids)
+        for choice in tracker.choices:
+            listener = listener_for(tracker, choice)
+            if problem is None:
+                self._listeners[choice.rid] = listener
+            else:
+                listener(error_output(choice.rid, problem.message, ErrorCode.INVALID_REQUEST))
+        return tracker, tracker.engine_requests() if problem is None else []
 
-    def _submit_blocking(
-        self, prompt: Prompt, params: SamplingParams
-    ) -> tuple[threading.Event, GenerateResult]:
-        done = threading.Event()
-        result = GenerateResult(rid="")
+    def _on_event(self, event: EngineEvent) -> None:
+        """Runs on the loop's thread: hand outputs to their listeners, nothing more."""
+        if isinstance(event, StepOutputs):
+            for out in event.outputs:
+                listener = self._listeners.get(out.rid)
+                if out.finished:
+                    self._listeners.pop(out.rid, None)
+                if listener is not None:
+                    _deliver(listener, out)
+        elif isinstance(event, (Ready, LoadFailed)):
+            self._loaded.put(event)
+        elif isinstance(event, Fatal):
+            self._fail_everyone(event.message)
 
-        def on_output(out: RequestOutput) -> None:
-            result.token_ids.extend(out.new_token_ids)
-            result.logprobs.extend(out.logprobs)
-            if out.finished:
-                result.finish_reason, result.error = out.finish_reason, out.error
-                result.prompt_tokens, result.cached_tokens = out.prompt_tokens, out.cached_tokens
-                result.matched_stop = out.matched_stop
-                done.set()
-
-        result.rid = self._submit(prompt, params, on_output)
-        return done, result
-
-    def _finish_text(self, result: GenerateResult) -> GenerateResult:
-        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        stop = result.matched_stop
-        if isinstance(stop, str) and stop in text:
-            text = text[: text.index(stop)]
-        result.text = text
-        return result
+    def _fail_everyone(self, message: str) -> None:
+        """The loop crashed: every waiter gets an error, never a hang."""
+        self._dead = message
+        for rid, listener in list(self._listeners.items()):
+            _deliver(listener, error_output(rid, message, ErrorCode.ENGINE_FAILURE))
+        self._listeners.clear()
+        while True:
+            try:
+                messages = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            for msg in messages:
+                if isinstance(msg, CoreCall):
+                    msg.reply.put((False, RuntimeError(f"the engine loop crashed: {message}")))
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run `fn(core)` on the engine thread and return its result."""
+        """Run `fn(core)` on the loop's thread and return its result."""
         self._check_alive()
-        reply: queue.Queue[Any] = queue.Queue()
-        self._inbox.put(("call", fn, reply))
-        ok, value = reply.get()
+        reply: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self._send([CoreCall(fn, reply)])
+        while True:
+            try:
+                ok, value = reply.get(timeout=0.5)
+                break
+            except queue.Empty:
+                self._check_alive()  # the loop died after we asked
         if not ok:
             raise value
         return value
 
-    def _loop(self, build: Callable[[], Any], built: queue.Queue[Any]) -> None:
-        try:
-            core = build()
-        except BaseException as exc:
-            built.put(exc)
-            return
-        built.put(core)
-        try:
-            self._run_loop(core)
-        except Exception as exc:  # a bug or a device error: fail every waiter, never hang them
-            logger.exception("engine loop crashed")
-            self._dead = exc
-            for rid, callback in list(self._callbacks.items()):
-                self._deliver(callback, RequestOutput(rid, (), True, "error", error=repr(exc)))
-            self._callbacks.clear()
-            self._drain_calls(exc)
 
-    def _run_loop(self, core: Any) -> None:
-        while True:
-            block = not core.has_work()
-            try:
-                while True:
-                    msg = self._inbox.get(block=block)
-                    block = False
-                    if msg is None:
-                        return
-                    self._handle(core, msg)
-            except queue.Empty:
-                pass
-            for out in core.step():
-                callback = self._callbacks.get(out.rid)
-                if out.finished:
-                    self._callbacks.pop(out.rid, None)
-                if callback is not None:
-                    self._deliver(callback, out)
+def _deliver(listener: Listener, out: RequestOutput) -> None:
+    try:
+        listener(out)
+    except Exception:  # e.g. the caller's event loop closed: its problem, not the engine's
+        logger.debug("dropped output for %s", out.rid, exc_info=True)
 
-    @staticmethod
-    def _deliver(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:
-        try:
-            callback(out)
-        except Exception:  # e.g. the caller's event loop closed: its problem, not the engine's
-            logger.debug("dropped output for %s", out.rid, exc_info=True)
 
-    def _drain_calls(self, exc: Exception) -> None:
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(msg, tuple):
-                msg[2].put((False, RuntimeError(f"the engine loop crashed: {exc!r}")))
-
-    @staticmethod
-    def _handle(core: Any, msg: Any) -> None:
-        if isinstance(msg, GenerateRequest):
-            core.add_request(msg)
-        elif isinstance(msg, AbortRequest):
-            core.abort(msg.rid)
-        else:
-            _, fn, reply = msg
-            try:
-                reply.put((True, fn(core)))
-            except Exception as exc:  # reported to the caller's thread
-                reply.put((False, exc))
+def _result(choice: Choice) -> GenerateResult:
+    final = choice.final
+    assert final is not None
+    return GenerateResult(
+        rid=choice.rid,
+        text=choice.text,
+        token_ids=choice.token_ids,
+        finish_reason=final.finish_reason,
+        matched_stop=final.matched_stop,
+        prompt_tokens=final.prompt_tokens,
+        cached_tokens=final.cached_tokens,
+        logprobs=choice.logprobs,
+        error=final.error,
+        error_code=final.error_code,
+    )
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -8,6 +8,7 @@ what happened, and the `on_death` callbacks run (the CLI then shuts the server d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -21,8 +22,20 @@ import zmq
 import zmq.asyncio
 
 from localradix.config import ServerArgs
-from localradix.messages import EngineStats, FlushCache, RequestOutput
-from localradix.server.engine_process import DEFAULT_CORE, Shutdown, engine_main
+from localradix.messages import (
+    EngineEvent,
+    EngineStats,
+    Fatal,
+    FlushCache,
+    FlushDone,
+    LoadFailed,
+    ModelInfo,
+    Ready,
+    RequestOutput,
+    Shutdown,
+    StepOutputs,
+)
+from localradix.server.engine_process import DEFAULT_CORE, engine_main
 
 logger = logging.getLogger("localradix.server")
 
@@ -38,7 +51,7 @@ class EngineClient:
     def __init__(self, args: ServerArgs, core_factory: str = DEFAULT_CORE) -> None:
         self.args = args
         self.core_factory = core_factory
-        self.info: dict[str, Any] = {}
+        self.model_info: ModelInfo | None = None  # set once the engine has loaded
         self.stats: EngineStats | None = None
         self.stats_time = 0.0
         self.dead_message: str | None = None
@@ -56,8 +69,13 @@ class EngineClient:
         self._closing = False
 
     @property
+    def info(self) -> dict[str, Any]:
+        """`model_info` as a dict ({} until loaded): the /stats feed's "model" object."""
+        return dataclasses.asdict(self.model_info) if self.model_info else {}
+
+    @property
     def alive(self) -> bool:
-        return self.dead_message is None and bool(self.info)
+        return self.dead_message is None and self.model_info is not None
 
     @property
     def pid(self) -> int | None:
@@ -83,23 +101,23 @@ class EngineClient:
             daemon=True,
         )
         self.process.start()
-        self.info = await self._wait_ready()
+        self.model_info = await self._wait_ready()
         self._tasks = [
             asyncio.create_task(self._dispatch(), name="engine-outputs"),
             asyncio.create_task(self._watchdog(), name="engine-watchdog"),
         ]
         return self.info
 
-    async def _wait_ready(self) -> dict[str, Any]:
+    async def _wait_ready(self) -> ModelInfo:
         assert self._pull is not None and self.process is not None
         while True:
             if await self._pull.poll(200):
-                kind, payload = pickle.loads(await self._pull.recv())
-                if kind == "ready":
-                    return payload
-                if kind == "load_error":
-                    raise EngineError(f"the engine failed to load the model: {payload}")
-                self._handle(kind, payload)
+                event = pickle.loads(await self._pull.recv())
+                if isinstance(event, Ready):
+                    return event.info
+                if isinstance(event, LoadFailed):
+                    raise EngineError(f"the engine failed to load the model: {event.message}")
+                self._handle(event)
             elif not self.process.is_alive():
                 raise EngineError(
                     f"the engine process exited during loading (exit code {self.process.exitcode})"
@@ -148,25 +166,24 @@ class EngineClient:
     async def _dispatch(self) -> None:
         assert self._pull is not None
         while True:
-            kind, payload = pickle.loads(await self._pull.recv())
-            self._handle(kind, payload)
+            self._handle(pickle.loads(await self._pull.recv()))
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "outputs":
-            for out in payload:
+    def _handle(self, event: EngineEvent) -> None:
+        if isinstance(event, StepOutputs):
+            for out in event.outputs:
                 listener = self.listeners.get(out.rid)
                 if listener is not None:
                     listener(out)
-        elif kind == "stats":
-            self.stats = payload
+        elif isinstance(event, EngineStats):
+            self.stats = event
             self.stats_time = asyncio.get_running_loop().time()
-        elif kind == "flush":
+        elif isinstance(event, FlushDone):
             if self._flush_reply is not None and not self._flush_reply.done():
-                self._flush_reply.set_result(payload)
-        elif kind == "fatal":
-            self._fatal = payload
+                self._flush_reply.set_result(event.flushed)
+        elif isinstance(event, Fatal):
+            self._fatal = event.message
         else:
-            logger.warning("unexpected message from the engine: %s", kind)
+            logger.warning("unexpected message from the engine: %r", event)
 
     async def _watchdog(self) -> None:
         assert self.process is not None

@@ -1,9 +1,10 @@
 """Per-request state in the API process: fan a request out to the engine, gather its outputs.
 
-One API request becomes a `Job` of `len(prompts) * n` engine requests (choices) with rids
-`{rid}-{index}`; the radix cache shares their common prompt. Outputs arrive from the engine
-client's dispatcher; `Job.deltas()` turns them into text deltas (detokenized here, off the engine
-loop) for both streaming and non-streaming responses. A job that is dropped unfinished (client
+One API request becomes a `Job`: a RequestTracker (engine/tracker.py, shared with the in-process
+`Engine`) of `len(prompts) * n` engine requests (choices), plus what the server adds: async
+wake-ups, errors as APIError, latency metrics. Outputs arrive from the engine client's
+dispatcher; `Job.deltas()` turns them into text deltas (detokenized here, off the engine loop)
+for both streaming and non-streaming responses. A job that is dropped unfinished (client
 disconnect, cancellation, error) aborts its remaining choices, which frees their KV.
 """
 
@@ -16,42 +17,20 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.constrained.grammar import INVALID_GRAMMAR_PREFIX
-from localradix.engine.detokenizer import IncrementalDetokenizer
-from localradix.messages import AbortRequest, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.engine.tracker import Choice, Delta, RequestTracker
+from localradix.limits import RequestLimits
+from localradix.messages import AbortRequest, ErrorCode, RequestOutput
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError
 from localradix.server.metrics import ServerMetrics
 
+__all__ = ["Choice", "Delta", "Job", "TokenizerManager"]
+
 logger = logging.getLogger("localradix.server")
-
-
-@dataclass
-class Delta:
-    """New output of one choice since the previous batch."""
-
-    index: int
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-@dataclass(eq=False)
-class Choice:
-    index: int
-    rid: str
-    prompt_index: int
-    detok: IncrementalDetokenizer
-    finished: bool = False
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    last_time: float | None = None
 
 
 class Job:
@@ -68,7 +47,8 @@ class Job:
         self.params = params
         self.created = int(time.time())
         self.start = time.monotonic()
-        self.choices: list[Choice] = []
+        self.tracker = RequestTracker(rid, prompts, params, manager.tokenizer)
+        self.choices: list[Choice] = self.tracker.choices
         self._events: deque[tuple[Choice, RequestOutput | None]] = deque()
         self._wake = asyncio.Event()
         self._unfinished = 0
@@ -120,13 +100,8 @@ class Job:
             raise APIError(503, self.manager.client.dead_message or "the engine is gone")
         if out.finish_reason == "error":
             error = out.error or "the engine rejected the request"
-            if error.startswith(INVALID_GRAMMAR_PREFIX):
-                raise APIError(
-                    400,
-                    error[len(INVALID_GRAMMAR_PREFIX) :],
-                    param=self.constraint_param,
-                    code="invalid_grammar",
-                )
+            if out.error_code is ErrorCode.INVALID_CONSTRAINT:
+                raise APIError(400, error, param=self.constraint_param, code="invalid_grammar")
             raise APIError(400, error)
 
     def close(self) -> None:
@@ -144,20 +119,9 @@ class Job:
         self._check(out)
         assert out is not None
         delta = batch.setdefault(choice.index, Delta(choice.index))
-        ids, lps = out.new_token_ids, out.logprobs
-        if out.finish_reason == "stop" and isinstance(out.matched_stop, int) and ids:
-            if ids[-1] == out.matched_stop:  # the EOS / stop token itself is not text
-                ids, lps = ids[:-1], lps[: len(ids) - 1]
-        delta.text += choice.detok.add(ids)
-        delta.logprobs.extend(lps)
+        self.tracker.apply(choice, out, delta)
         self._time_tokens(choice, len(out.new_token_ids))
         if out.finished:
-            stop = out.matched_stop if isinstance(out.matched_stop, str) else None
-            delta.text += choice.detok.finish(stop)
-            choice.finished = True
-            choice.finish_reason = delta.finish_reason = _finish_reason(out)
-            choice.completion_tokens = out.completion_tokens
-            choice.cached_tokens = out.cached_tokens
             self._done(choice, out)
 
     def _time_tokens(self, choice: Choice, n: int) -> None:
@@ -188,22 +152,7 @@ class Job:
     # ---- results -------------------------------------------------------------------------
 
     def usage(self) -> dict[str, Any]:
-        prompt = sum(len(p) for p in self.prompts)
-        completion = sum(c.completion_tokens for c in self.choices)
-        cached = sum(
-            min(c.cached_tokens for c in self.choices if c.prompt_index == i)
-            for i in range(len(self.prompts))
-        )
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
-
-
-def _finish_reason(out: RequestOutput) -> str:
-    return {"stop": "stop", "length": "length"}.get(out.finish_reason or "", "abort")
+        return self.tracker.usage().as_dict()
 
 
 def _tool_parser(setting: str, template: str | None) -> str | None:
@@ -247,12 +196,17 @@ class TokenizerManager:
         self.reasoning_parser = _reasoning_parser(args.reasoning_parser, template)
 
     @property
+    def limits(self) -> RequestLimits:
+        assert self.client.model_info is not None, "the engine has not loaded yet"
+        return RequestLimits.of(self.client.model_info)
+
+    @property
     def context_length(self) -> int:
-        return int(self.client.info["context_length"])
+        return self.limits.context_length
 
     @property
     def vocab(self) -> int:
-        return int(self.client.info.get("vocab_size") or 0)
+        return self.limits.vocab_size
 
     def check_ready(self) -> None:
         if not self.client.alive:
@@ -262,27 +216,11 @@ class TokenizerManager:
         return f"{self._rid_prefix}{next(self._ids):x}"
 
     def check_prompt(self, ids: Sequence[int], param: str) -> None:
-        """Reject prompts the engine could not take, with both lengths in the message."""
-        if not ids:
-            raise APIError(400, "the prompt is empty", param=param)
-        context = self.context_length
-        if len(ids) >= context:
-            raise APIError(
-                400,
-                f"the prompt is {len(ids)} tokens long but the model's context length is "
-                f"{context} tokens (the prompt must be shorter to leave room for output)",
-                param=param,
-                code="context_length_exceeded",
-            )
-        kv_total = int(self.client.info.get("kv_total_tokens") or 0)
-        if kv_total and len(ids) + 1 > kv_total:
-            raise APIError(
-                400,
-                f"the prompt is {len(ids)} tokens long but the KV cache holds {kv_total} tokens; "
-                "the server needs a larger --max-total-tokens",
-                param=param,
-                code="context_length_exceeded",
-            )
+        """Reject prompts the engine could not take (a 400 naming `param`; both lengths in the
+        message). The in-process Engine checks the same limits, worded the same."""
+        problem = self.limits.prompt_problem(ids)
+        if problem is not None:
+            raise APIError(400, problem.message, param=param, code=problem.code)
 
     def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Job:
         """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full."""
@@ -297,22 +235,7 @@ class TokenizerManager:
                 headers={"Retry-After": "1"},
             )
         job = Job(self, self.new_rid(), prompts, params)
-        messages = []
-        for p, ids in enumerate(prompts):
-            for i in range(params.n):
-                index = p * params.n + i
-                seed = None if params.seed is None else params.seed + i
-                choice = Choice(
-                    index,
-                    f"{job.rid}-{index}",
-                    p,
-                    IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop),
-                )
-                job.choices.append(choice)
-                messages.append(
-                    GenerateRequest(choice.rid, tuple(ids), params.replace(n=1, seed=seed))
-                )
-        self.client.send(messages)  # no output can arrive before this coroutine yields
+        self.client.send(job.tracker.engine_requests())  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)
         job._unfinished = len(job.choices)

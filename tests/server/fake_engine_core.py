@@ -13,7 +13,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from localradix.messages import EngineStats, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import (
+    EngineStats,
+    GenerateRequest,
+    ModelInfo,
+    RequestOutput,
+    TokenLogprob,
+)
 
 EOS = 256
 GREEDY_TEXT = "The quick brown fox 🦊 jumps over the lazy dog. "
@@ -52,19 +58,6 @@ def fake_tokenizer(args) -> FakeTokenizer:
     return FakeTokenizer()
 
 
-@dataclass(frozen=True)
-class FakeInfo:
-    name: str
-    path: str
-    context_length: int
-    vocab_size: int
-    backend: str = "fake"
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_total_tokens: int = 0
-    architecture: str = "fake"
-
-
 @dataclass
 class _Req:
     msg: GenerateRequest
@@ -80,12 +73,16 @@ class FakeCore:
         self.tokenizer = FakeTokenizer()
         self.context_length = args.context_length or 2048
         self.kv_total = args.max_total_tokens or 16384
-        self.info = FakeInfo(
+        self.info = ModelInfo(
             name=args.served_model_name or "fake-model",
             path="<fake>",
             context_length=self.context_length,
             vocab_size=257,
+            backend="fake",
+            device="cpu",
+            dtype="float32",
             kv_total_tokens=self.kv_total,
+            architecture="fake",
         )
         self.waiting: list[_Req] = []
         self.running: dict[str, _Req] = {}

@@ -1,20 +1,14 @@
-"""Unit tests of the server's pieces that need no process: metrics text, error mapping, the
-engine loop driven over in-process ZMQ sockets with a FAKE core."""
+"""Unit tests of the server's pieces that need no process: metrics text, error mapping (the
+engine loop over ZMQ with a FAKE core is in test_engine_loop.py)."""
 
 from __future__ import annotations
 
-import pickle
 import re
 
 import msgspec
 import pytest
-import zmq
-from fake_engine_core import FakeCore
 
-from localradix.config import ServerArgs
-from localradix.messages import AbortRequest, EngineStats, FlushCache, GenerateRequest
-from localradix.sampling_params import SamplingParams
-from localradix.server.engine_process import EngineLoop, Shutdown
+from localradix.messages import EngineStats
 from localradix.server.errors import from_decode_error
 from localradix.server.metrics import Histogram, ServerMetrics
 from localradix.server.protocol import ChatCompletionRequest
@@ -73,57 +67,3 @@ def test_decode_errors_name_the_parameter(body, param):
         msgspec.json.decode(body, type=ChatCompletionRequest, strict=True)
     err = from_decode_error(info.value)
     assert err.status == 400 and err.param == param and err.message
-
-
-@pytest.fixture
-def loop_sockets():
-    ctx = zmq.Context()
-    to_engine, engine_in = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    engine_out, from_engine = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    to_engine.bind("inproc://req")
-    engine_in.connect("inproc://req")
-    from_engine.bind("inproc://out")
-    engine_out.connect("inproc://out")
-    yield to_engine, engine_in, engine_out, from_engine
-    for s in (to_engine, engine_in, engine_out, from_engine):
-        s.close(linger=0)
-    ctx.term()
-
-
-def _messages(sock, kind):
-    out = []
-    while sock.poll(0):
-        k, payload = pickle.loads(sock.recv())
-        if k == kind:
-            out.append(payload)
-    return out
-
-
-def test_fake_engine_loop_runs_requests_aborts_flushes_and_stops(loop_sockets):
-    import os
-
-    to_engine, engine_in, engine_out, from_engine = loop_sockets
-    core = FakeCore(ServerArgs())
-    loop = EngineLoop(core, engine_in, engine_out, parent_pid=os.getppid())
-    params = SamplingParams(max_new_tokens=3, temperature=0)
-    to_engine.send(
-        pickle.dumps(
-            [
-                GenerateRequest("a", (1, 2), params),
-                GenerateRequest("b", (1, 2), params.replace(max_new_tokens=50)),
-            ]
-        )
-    )
-    for _ in range(5):
-        loop._receive(10)
-        if core.has_work():
-            loop.send("outputs", core.step())
-    to_engine.send(pickle.dumps([AbortRequest("b")]))
-    loop._receive(10)
-    loop.send("outputs", core.step())
-    outputs = [o for batch in _messages(from_engine, "outputs") for o in batch]
-    finals = {o.rid: o.finish_reason for o in outputs if o.finished}
-    assert finals == {"a": "length", "b": "abort"}
-    to_engine.send(pickle.dumps([FlushCache(), Shutdown()]))
-    loop.run()  # handles the flush, then stops
-    assert _messages(from_engine, "flush") == [True]
