@@ -1,7 +1,8 @@
 """Arrows only point down: no module of localradix imports one from a layer above its own.
 
 Layers, bottom to top (a module may import its own layer and the ones below):
-  0  seam types and plumbing: sampling_params, messages, step, held_text, registry, config
+  0  seam types and plumbing: sampling_params, messages, step, held_text, registry, config,
+     limits (request limits and prompt validation)
   1  mem (the radix cache and the KV pool: numpy only), spec (speculative drafts and their
      verification: numpy only, reads the radix cache)
   2  the hardware side and its helpers: runner, backends, models, loader, constrained, parsers,
@@ -23,7 +24,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "localradix"
 
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(("sampling_params", "messages", "step", "held_text", "registry", "config"), 0),
+    **dict.fromkeys(
+        ("sampling_params", "messages", "step", "held_text", "registry", "config", "limits"), 0
+    ),
     **dict.fromkeys(("mem", "spec"), 1),
     **dict.fromkeys(
         (

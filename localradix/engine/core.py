@@ -25,9 +25,9 @@ class EngineCore:
         started = time.monotonic()
         source = resolve_model(args.model)
         self.tokenizer = load_tokenizer(source)
-        built = build_runner(args, source)  # backend from --backend; device and dtype resolved
-        config, target = built.config, built.target
-        self.runner = _with_overlap(built.runner, args, target.device, target.backend)
+        built = build_runner(args, source)  # every "auto" resolved once (localradix/resolve.py)
+        config, target, args = built.config, built.target, built.resolved.args
+        self.runner = _with_overlap(built.runner, built.resolved.overlap, args, target.backend)
         context_len = args.context_length or config.max_position_embeddings
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
         self.scheduler = Scheduler(
@@ -67,15 +67,9 @@ class EngineCore:
         return True
 
 
-def overlap_wanted(mode: str, device: str) -> bool:
-    """`--overlap-schedule`: auto is on for GPUs and NPUs. On a CPU the host and the "device"
-    are the same cores, so there is nothing to overlap."""
-    return mode == "on" or (mode == "auto" and device.split(":")[0] in ("cuda", "npu"))
-
-
-def _with_overlap(runner: Any, args: ServerArgs, device: str, backend: str) -> Any:
+def _with_overlap(runner: Any, wanted: bool, args: ServerArgs, backend: str) -> Any:
     """The runner, wrapped for overlap scheduling when wanted and possible."""
-    if not overlap_wanted(args.overlap_schedule, device):
+    if not wanted:
         return runner
     if not hasattr(runner, "logits"):
         logger.warning("overlap scheduling needs a torch runner: %s runs without it", backend)

@@ -23,6 +23,7 @@ from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
 from localradix.messages import AbortRequest, ErrorCode, RequestOutput
+from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError
@@ -155,29 +156,6 @@ class Job:
         return self.tracker.usage().as_dict()
 
 
-def _tool_parser(setting: str, template: str | None) -> str | None:
-    """The dialect for --tool-call-parser (used only for requests with tools); None: "none"."""
-    from localradix.parsers.tool_calls import detect_tool_parser, get_tool_parser
-
-    if setting == "none":
-        return None
-    if setting == "auto":
-        return detect_tool_parser(template) or "hermes"
-    get_tool_parser(setting)  # KeyError naming the known dialects
-    return setting
-
-
-def _reasoning_parser(setting: str | None, template: str | None) -> str | None:
-    from localradix.parsers.reasoning import detect_reasoning_parser, get_reasoning_parser
-
-    if setting is None or setting == "none":
-        return None
-    if setting == "auto":
-        return detect_reasoning_parser(template)
-    get_reasoning_parser(setting)  # KeyError naming the known dialects
-    return setting
-
-
 class TokenizerManager:
     def __init__(
         self, client: EngineClient, tokenizer: Any, args: ServerArgs, metrics: ServerMetrics
@@ -192,8 +170,8 @@ class TokenizerManager:
         self._rid_prefix = os.urandom(4).hex()
         self._token_text: dict[int, str] = {}
         template = getattr(tokenizer, "chat_template", None)
-        self.tool_parser = _tool_parser(args.tool_call_parser, template)
-        self.reasoning_parser = _reasoning_parser(args.reasoning_parser, template)
+        self.tool_parser = tool_parser_for(args.tool_call_parser, template)
+        self.reasoning_parser = reasoning_parser_for(args.reasoning_parser, template)
 
     @property
     def limits(self) -> RequestLimits:

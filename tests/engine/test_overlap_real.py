@@ -108,7 +108,7 @@ def test_overlap_keeps_grammar_constraints():
 
 
 def test_overlap_is_on_by_default_only_where_a_device_runs_apart():
-    from localradix.engine.core import overlap_wanted
+    from localradix.resolve import overlap_wanted
 
     assert overlap_wanted("auto", "cuda") and overlap_wanted("auto", "cuda:1")
     assert overlap_wanted("auto", "npu:0")
