@@ -3,7 +3,7 @@
 The Structs carry every constraint JSON Schema can say (types, ranges, enums, lengths), so the
 published OpenAPI schema and the server agree: a body the schema accepts is not refused for its
 shape. What needs two fields or the model (`top_logprobs` without `logprobs`, `best_of` != `n`,
-token ids past the vocabulary, a prompt longer than the context) is checked in `serving`, and
+token ids past the vocabulary, a prompt longer than the context) is checked in `core/jobs`, and
 each such error names the parameter too.
 """
 
