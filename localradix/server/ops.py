@@ -12,9 +12,8 @@ from litestar.openapi import ResponseSpec
 from litestar.response import Stream
 
 from localradix.server.core.docs import AUTH, UNAVAILABLE
-from localradix.server.core.http import ClosingStream, json_response, state
+from localradix.server.core.http import ClosingStream, json_response, sse, state
 from localradix.server.errors import APIError, error_response
-from localradix.server.openai.render import sse
 from localradix.server.protocol import ErrorResponse
 
 STATS_STREAM_INTERVAL_S = 0.25

@@ -22,6 +22,11 @@ NDJSON = "application/x-ndjson"
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log does
 
 
+def sse(payload: Any) -> bytes:
+    """One Server-Sent Event carrying `payload` as JSON."""
+    return b"data: " + encode_json(payload) + b"\n\n"
+
+
 def state(request: Request[Any, Any, Any]) -> ServerState:
     return request.app.state.server
 

@@ -14,13 +14,13 @@ from localradix.parsers.events import ToolCallDelta as ParsedCallDelta
 from localradix.parsers.output_parser import ChatDelta as ParserEvent
 from localradix.parsers.output_parser import ReasoningContentDelta
 from localradix.server.core.gather import Gathered, batches
+from localradix.server.core.http import sse
 from localradix.server.core.output import output_spec
 from localradix.server.errors import APIError
 from localradix.server.openai.render import (
     SSE_DONE,
     chat_logprobs,
     finish_reason,
-    sse,
     sse_error,
     usage,
 )

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from localradix.server.core.gather import Gathered, batches
+from localradix.server.core.http import sse
 from localradix.server.errors import APIError
-from localradix.server.openai.render import SSE_DONE, completion_logprobs, sse, sse_error, usage
+from localradix.server.openai.render import SSE_DONE, completion_logprobs, sse_error, usage
 from localradix.server.protocol import (
     CompletionChoice,
     CompletionRequest,

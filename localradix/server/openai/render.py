@@ -4,11 +4,11 @@ logprobs, the finish reason, SSE framing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
 from localradix.messages import TokenLogprob
+from localradix.server.core.http import sse
 from localradix.server.errors import APIError
 from localradix.server.protocol import (
     ChatLogprobs,
@@ -19,7 +19,6 @@ from localradix.server.protocol import (
 )
 from localradix.server.tokenizer_manager import Job, TokenizerManager
 
-_encode = msgspec.json.Encoder().encode
 SSE_DONE = b"data: [DONE]\n\n"
 # The engine's finish reason, as OpenAI words it when the choice made tool calls (else as is).
 TOOL_CALL_FINISH = {"stop": "tool_calls"}
@@ -28,10 +27,6 @@ TOOL_CALL_FINISH = {"stop": "tool_calls"}
 def finish_reason(finish: str | None, called: bool) -> str | None:
     """A choice that made tool calls ends with "tool_calls", unless it ran out of tokens."""
     return TOOL_CALL_FINISH.get(finish or "", finish) if called else finish
-
-
-def sse(payload: Any) -> bytes:
-    return b"data: " + _encode(payload) + b"\n\n"
 
 
 def sse_error(err: APIError) -> bytes:
