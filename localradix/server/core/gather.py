@@ -1,5 +1,7 @@
-"""A job's outputs as the dialects read them: gathered whole, or as batches for a stream (an
-error after the headers went out is yielded, not raised), with when they came."""
+"""A job's outputs as the dialects read them: `answer` streams them or gathers them whole;
+`batches` (an error after the headers went out is yielded, not raised) and `ParsedStream`
+(a one-choice stream as reasoning, content and tool-call events) feed the streams; `Timing`
+notes when they came."""
 
 from __future__ import annotations
 
