@@ -3,7 +3,7 @@
 The Structs carry every constraint JSON Schema can say (types, ranges, enums, lengths), so the
 published OpenAPI schema and the server agree: a body the schema accepts is not refused for its
 shape. What needs two fields or the model (`top_logprobs` without `logprobs`, `best_of` != `n`,
-token ids past the vocabulary, a prompt longer than the context) is checked in `serving`, and
+token ids past the vocabulary, a prompt longer than the context) is checked in `core/jobs`, and
 each such error names the parameter too.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import msgspec
 from msgspec import Meta, Struct
 
 # JSON integers are unbounded; everything past the engine stays within int64. The ranges below
@@ -152,7 +151,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     best_of: Annotated[int, Meta(ge=1, le=64)] | None = None
 
 
-# ---- responses ------------------------------------------------------------------------------
+# ---- responses (what the routes encode; optional keys a reply leaves out are omitted) -------
 
 
 class PromptTokensDetails(Struct):
@@ -192,67 +191,106 @@ class CompletionLogprobs(Struct):
 
 class FunctionCall(Struct):
     name: str
-    arguments: str
+    arguments: str  # JSON text
 
 
-class ToolCall(Struct):
+class ToolCall(Struct, kw_only=True):
     id: str
-    function: FunctionCall
     type: Literal["function"] = "function"
+    function: FunctionCall
 
 
-class AssistantMessage(Struct):
+class AssistantMessage(Struct, omit_defaults=True):
     role: Literal["assistant"]
     content: str | None
-    tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(Struct):
     index: int
     message: AssistantMessage
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
-    logprobs: ChatLogprobs | None = None
 
 
-class ChatCompletionResponse(Struct):
+class ChatCompletionResponse(Struct, kw_only=True):
     id: str
+    object: Literal["chat.completion"]
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    object: Literal["chat.completion"] = "chat.completion"
-    system_fingerprint: str | None = None
+
+
+class FunctionCallDelta(Struct, omit_defaults=True):
+    arguments: str
+    name: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A tool call's first delta has id, type and name; later ones only more arguments."""
+
+    index: int
+    function: FunctionCallDelta
+    id: str | None = None
+    type: Literal["function"] | None = None
+
+
+class ChatDelta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(Struct, kw_only=True, omit_defaults=True):
+    """One SSE event of a chat stream; `usage` only in the last (stream_options.include_usage)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
 
 
 class CompletionChoice(Struct):
     index: int
     text: str
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
-    logprobs: CompletionLogprobs | None = None
 
 
-class CompletionResponse(Struct):
+class CompletionResponse(Struct, kw_only=True, omit_defaults=True):
+    """A text completion, or one SSE event of its stream (where `usage` comes last, if asked)."""
+
     id: str
+    object: Literal["text_completion"]
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    object: Literal["text_completion"] = "text_completion"
-    system_fingerprint: str | None = None
+    usage: Usage | None = None
 
 
-class ModelCard(Struct):
+class ModelCard(Struct, kw_only=True):
     id: str
+    object: Literal["model"] = "model"
     created: int
     owned_by: str = "localradix"
-    object: Literal["model"] = "model"
-    max_model_len: int | None = None
+    max_model_len: int
 
 
-class ModelList(Struct):
-    data: list[ModelCard]
+class ModelList(Struct, kw_only=True):
     object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class ErrorDetail(Struct):
@@ -264,16 +302,3 @@ class ErrorDetail(Struct):
 
 class ErrorResponse(Struct):
     error: ErrorDetail
-
-
-encoder = msgspec.json.Encoder()
-
-
-def request_schemas() -> dict[str, Any]:
-    """OpenAPI components for the request bodies and their parts, written by msgspec from the
-    very types the server decodes with, so the published schema and the validation agree
-    (Litestar's own generator drops some constraints: those inside unions, and zero limits)."""
-    _, components = msgspec.json.schema_components(
-        (ChatCompletionRequest, CompletionRequest), ref_template="#/components/schemas/{name}"
-    )
-    return components

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_harness import start_server
 
-from localradix.server.serving import max_tokens_or_default
+from localradix.server.core.sampling import max_tokens_or_default
 
 DEFAULT_CAP = 7
 USER = [{"role": "user", "content": "hi"}]

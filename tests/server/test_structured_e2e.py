@@ -17,7 +17,8 @@ import httpx
 import jsonschema
 import pytest
 
-from localradix.server import serving
+from localradix.server.core.output import ChatOutputSpec
+from localradix.server.openai.chat import chat_stream
 from localradix.server.tokenizer_manager import Delta
 
 # Short strings and bounded numbers keep outputs well inside max_tokens (a small model may
@@ -301,7 +302,7 @@ def test_healthy_and_idle_after(server, client, model):
 
 
 class _FakeJob:
-    def __init__(self, batches: list[list[Delta]], output: serving.ChatOutputSpec) -> None:
+    def __init__(self, batches: list[list[Delta]], output: ChatOutputSpec) -> None:
         self.batches = batches
         self.output = output
         self.choices = [SimpleNamespace(index=0)]
@@ -326,11 +327,11 @@ def test_stream_assembly_of_reasoning_content_and_tool_calls():
     )
     pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
     batches = [[Delta(0, p)] for p in pieces] + [[Delta(0, "", finish_reason="stop")]]
-    spec = serving.ChatOutputSpec("hermes", "qwen3", None, ("get_weather",))
+    spec = ChatOutputSpec("hermes", "qwen3", None, ("get_weather",))
 
     async def collect() -> list[dict]:
         out = []
-        async for raw in serving.chat_stream(_FakeJob(batches, spec), "m", False, False):
+        async for raw in chat_stream(_FakeJob(batches, spec), "m", False, False):
             line = raw.decode().removeprefix("data: ").strip()
             if line != "[DONE]":
                 out.append(json.loads(line))

@@ -1,0 +1,59 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`), which Claude-style
+coding agents speak (`ANTHROPIC_BASE_URL`), over the request core (see core/).
+
+Messages and blocks become OpenAI chat messages; the output comes back as content blocks,
+streamed as Anthropic's typed SSE events. `usage.cache_read_input_tokens` is what the radix cache
+served. Errors are `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from litestar import Request, Response, Router, post
+from litestar.types import ControllerRouterHandler
+
+from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from localradix.server.anthropic.render import error_body, message_body
+from localradix.server.anthropic.request import RENAMES, chat_request
+from localradix.server.anthropic.stream import message_events
+from localradix.server.core.body import decode
+from localradix.server.core.gather import Gathered, answer
+from localradix.server.core.http import error_handler, json_response, state
+from localradix.server.core.jobs import chat_job, chat_text, encode
+
+
+@post("/", summary="Anthropic Messages: create a message (SSE when stream: true)", status_code=200)
+async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
+    manager = state(request).ready_manager()
+    req = chat_request(manager, body)
+    job = await chat_job(manager, req)
+    model = str(req.model)
+    events = partial(message_events, job, model) if body.stream else None
+    return await answer(request, job, events, partial(_message, model=model))
+
+
+def _message(gathered: Gathered, model: str) -> dict[str, Any]:
+    return message_body(gathered.job, model, gathered.text[0], gathered.finish[0])
+
+
+@post(
+    "/count_tokens", summary="Anthropic Messages: count a request's input tokens", status_code=200
+)
+async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", CountTokensRequest, RENAMES)
+    manager = state(request).ready_manager()
+    # The very prompt a message would send (not checked against the context: it is counted).
+    ids = await encode(manager, chat_text(manager, chat_request(manager, body)))
+    return json_response({"input_tokens": len(ids)})
+
+
+ROUTES: list[ControllerRouterHandler] = [
+    Router(
+        "/v1/messages",
+        route_handlers=[create_message, count_tokens],
+        exception_handlers={Exception: error_handler(error_body)},
+    )
+]

@@ -1,0 +1,186 @@
+"""An OpenAI request (or a dialect's, converted to one) as a `Job` on the engine.
+
+Everything a client can get wrong is checked here, before anything reaches the engine, and
+raised as an APIError naming the parameter; the prompt itself is checked by the manager's
+`check_prompt`, the one place that knows the engine's limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from localradix.sampling_params import SamplingParams
+from localradix.server.core.output import tool_setup
+from localradix.server.core.sampling import (
+    check_token_ids,
+    max_tokens_or_default,
+    request_constraint,
+    sampling_params,
+)
+from localradix.server.errors import APIError, bad_request
+from localradix.server.protocol import ChatCompletionRequest, CompletionRequest
+from localradix.server.tokenizer_manager import Job, TokenizerManager
+
+LONG_TEXT_CHARS = 4096  # tokenize longer prompts in a thread so the event loop keeps serving
+MAX_PROMPTS = 64
+
+
+def served_name(manager: TokenizerManager) -> str:
+    return str(manager.client.info["name"])
+
+
+def check_model(manager: TokenizerManager, model: str | None) -> None:
+    """404 in OpenAI's words if `model` names another model than the one served."""
+    served = served_name(manager)
+    if model is not None and model != served:
+        raise APIError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{served}'",
+            param="model",
+            code="model_not_found",
+            type="invalid_request_error",
+        )
+
+
+def served_model(manager: TokenizerManager, model: str | None, latest_ok: bool = False) -> str:
+    """The served model's name for the other dialects; 404 in their words if `model` names
+    another (`:latest` is Ollama's tag)."""
+    served = served_name(manager)
+    if model is None or model == served or (latest_ok and model == f"{served}:latest"):
+        return served
+    raise APIError(404, f"model '{model}' not found; this server serves '{served}'")
+
+
+async def encode(manager: TokenizerManager, text: str) -> list[int]:
+    if len(text) > LONG_TEXT_CHARS:
+        return await asyncio.to_thread(manager.tokenizer.encode, text, False)
+    return list(manager.tokenizer.encode(text, False))
+
+
+# ---- chat -----------------------------------------------------------------------------------
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for msg in req.messages:
+        item = {f: v for f in msg.__struct_fields__ if (v := getattr(msg, f)) is not None}
+        if isinstance(msg.content, list):
+            item["content"] = "".join(part.text for part in msg.content)  # text parts only
+        if msg.tool_calls:
+            item["tool_calls"] = [_template_call(call) for call in msg.tool_calls]
+            item.setdefault("content", "")  # templates read content even beside tool calls
+        out.append(item)
+    return out
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool call as HF chat templates expect: OpenAI sends `arguments`
+    as JSON text, templates write `arguments | tojson`, so a JSON object becomes a dict."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
+    """The request's messages through the model's chat template."""
+    try:
+        tools = msgspec.to_builtins(req.tools) if req.tools else None
+        return str(
+            manager.tokenizer.apply_chat_template(
+                chat_messages(req), tools=tools, add_generation_prompt=req.add_generation_prompt
+            )
+        )
+    except APIError:
+        raise
+    except Exception as exc:  # the template is the model's code; any failure is the input's
+        message = f"the chat template could not render these messages: {exc}"
+        raise bad_request(message, "messages") from None
+
+
+async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job:
+    check_model(manager, req.model)
+    constraint, constraint_param = request_constraint(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    text = chat_text(manager, req)
+    output, tool_constraint = tool_setup(manager, req, text)
+    if tool_constraint is not None:  # forced tool calls win over response_format
+        constraint, constraint_param = tool_constraint, "tool_choice"
+    ids = await encode(manager, text)
+    manager.check_prompt(ids, "messages")
+    given = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = max_tokens_or_default(manager, given)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = _with_param_name(
+        lambda: sampling_params(
+            req, max_tokens, logprobs, manager.context_length, manager.vocab, constraint
+        ),
+        {"max_tokens": param, "logprobs": "top_logprobs"},
+    )
+    job = manager.submit([ids], params)
+    job.constraint_param = constraint_param
+    job.output = output
+    return job
+
+
+def _with_param_name(build: Callable[[], SamplingParams], renames: dict[str, str]) -> Any:
+    try:
+        return build()
+    except APIError as exc:
+        exc.param = renames.get(exc.param or "", exc.param)
+        exc.message = exc.message.replace("'max_tokens'", f"'{exc.param}'")
+        raise
+
+
+# ---- text completion ------------------------------------------------------------------------
+
+
+async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> Job:
+    check_model(manager, req.model)
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("'best_of' must equal 'n' (or be omitted)", "best_of")
+    if req.echo and req.stream and req.logprobs is not None:
+        raise bad_request("'echo' with 'logprobs' is not supported when streaming", "echo")
+    constraint, constraint_param = request_constraint(req)
+    prompts = await _completion_prompts(manager, req.prompt)
+    for ids in prompts:
+        manager.check_prompt(ids, "prompt")
+    max_tokens = max_tokens_or_default(manager, req.max_tokens)
+    params = sampling_params(
+        req, max_tokens, req.logprobs, manager.context_length, manager.vocab, constraint
+    )
+    job = manager.submit(prompts, params)
+    job.constraint_param = constraint_param
+    return job
+
+
+async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [await encode(manager, prompt)]
+    prompts: Sequence[list[int]]
+    if all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]
+    elif all(isinstance(p, str) for p in prompt):
+        prompts = [await encode(manager, p) for p in prompt]
+    elif all(isinstance(p, list) for p in prompt):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise bad_request("'prompt' mixes strings, token ids and lists", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", "prompt")
+    for ids in prompts:
+        check_token_ids(ids, manager.vocab, "prompt")
+    return list(prompts)

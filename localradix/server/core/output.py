@@ -1,0 +1,104 @@
+"""How a chat job's output splits into reasoning, content and tool calls, and the grammar a
+forced tool_choice adds. Every dialect renders from these parses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from localradix.parsers.events import ToolCall
+from localradix.parsers.output_parser import ChatOutputParser, ParsedChatOutput, parse_chat_output
+from localradix.parsers.reasoning import get_reasoning_parser
+from localradix.parsers.tool_constraint import ToolChoiceError, tool_call_constraint
+from localradix.sampling_params import Constraint
+from localradix.server.errors import bad_request
+from localradix.server.protocol import ChatCompletionRequest
+from localradix.server.tokenizer_manager import TokenizerManager
+
+
+@dataclass(frozen=True)
+class ChatOutputSpec:
+    """How a chat job's outputs are split into reasoning, content and tool calls."""
+
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    starts_in_reasoning: bool | None = None
+    tool_names: tuple[str, ...] | None = None
+
+    # Calls are sent whole once complete, and a call the output cuts off (max_tokens) is
+    # dropped, never shown as content or as a call with broken arguments.
+    def stream_parser(self) -> ChatOutputParser:
+        return ChatOutputParser(
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+            starts_in_reasoning=self.starts_in_reasoning,
+            tool_names=self.tool_names,
+            complete_calls=True,
+        )
+
+    def parse(self, text: str) -> ParsedChatOutput:
+        if self.tool_parser is None and self.reasoning_parser is None:
+            return ParsedChatOutput(None, text)
+        return parse_chat_output(
+            text,
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+            starts_in_reasoning=self.starts_in_reasoning,
+            tool_names=self.tool_names,
+            complete_calls=True,
+        )
+
+
+PLAIN_OUTPUT = ChatOutputSpec()
+
+
+def call_arguments(call: ToolCall) -> dict[str, Any]:
+    """A parsed call's arguments as a JSON object (the Ollama and Anthropic shape), not text."""
+    try:
+        value = json.loads(call.arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def output_spec(job: Any) -> ChatOutputSpec:
+    """The job's output spec (plain text for completion jobs)."""
+    return job.output or PLAIN_OUTPUT
+
+
+def tool_setup(
+    manager: TokenizerManager, req: ChatCompletionRequest, prompt: str
+) -> tuple[ChatOutputSpec, Constraint | None]:
+    """The output parsers for this request, and the constraint its tool_choice forces."""
+    tools = msgspec.to_builtins(req.tools) if req.tools else None
+    choice = msgspec.to_builtins(req.tool_choice)
+    if choice is None:
+        choice = "auto" if tools else "none"
+    reasoning = manager.reasoning_parser
+    starts = get_reasoning_parser(reasoning).prompt_opens_reasoning(prompt) if reasoning else None
+    dialect = manager.tool_parser if tools and choice != "none" else None
+    constraint = None
+    if choice not in ("none", "auto"):
+        if manager.tool_parser is None:
+            raise bad_request(
+                "this tool_choice needs a tool-call parser, but the server runs with "
+                "--tool-call-parser none",
+                "tool_choice",
+            )
+        try:
+            constraint = tool_call_constraint(
+                tools,
+                choice,
+                manager.tool_parser,
+                req.parallel_tool_calls,
+                reasoning=reasoning,
+                starts_in_reasoning=bool(starts),
+            )
+        except ToolChoiceError as exc:
+            raise bad_request(str(exc), "tool_choice") from None
+        dialect = manager.tool_parser
+    names = tuple(t.function.name for t in req.tools or ()) if dialect else None
+    return ChatOutputSpec(dialect, reasoning, starts, names), constraint

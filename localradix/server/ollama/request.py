@@ -1,0 +1,154 @@
+"""Ollama requests as OpenAI requests for the core: options -> sampling fields, `format` ->
+response_format, messages and tool calls -> OpenAI's."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from localradix.server.core.body import convert
+from localradix.server.core.jobs import served_model
+from localradix.server.errors import bad_request
+from localradix.server.ollama.protocol import ChatBody, GenerateBody, Message, Options, _Request
+from localradix.server.protocol import ChatCompletionRequest, CompletionRequest
+from localradix.server.tokenizer_manager import TokenizerManager
+
+# OpenAI field -> the Ollama option it came from (for error messages).
+RENAMES = {
+    "max_tokens": "num_predict",
+    "repetition_penalty": "repeat_penalty",
+    "response_format": "format",
+}
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def served(manager: TokenizerManager, model: str) -> str:
+    if not model:
+        raise bad_request("model is required", "model")
+    return served_model(manager, model, latest_ok=True)
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's keep_alive: seconds, or a Go duration ("5m", "1h30m", "-1"); None: default."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise bad_request(f"keep_alive: invalid duration {value!r} (try 300, '5m' or -1)")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def _sampling(opts: Options | None, fmt: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Ollama options as OpenAI sampling fields (None leaves the core's default)."""
+    fields: dict[str, Any] = {"max_tokens": None, "response_format": _format(fmt)}
+    if opts is None:
+        return fields
+    if opts.num_predict is not None and opts.num_predict >= 0:
+        fields["max_tokens"] = opts.num_predict
+    elif opts.num_predict not in (None, -1, -2):  # -1: no limit, -2: fill the context
+        raise bad_request("num_predict must be >= 0, -1 (no limit) or -2 (fill the context)")
+    top_k = opts.top_k
+    if top_k is not None and top_k <= 0:  # Ollama: 0 disables top-k
+        top_k = -1
+    fields.update(
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=top_k,
+        min_p=opts.min_p,
+        stop=opts.stop or None,
+        seed=opts.seed,
+        repetition_penalty=opts.repeat_penalty,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+    )
+    # num_ctx: the context is fixed when the model loads; a prompt longer than it is a 400.
+    return fields
+
+
+def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    raise bad_request(f'invalid format {fmt!r}: give "json" or a JSON schema object', "format")
+
+
+def _check_common(manager: TokenizerManager, body: _Request, model: str) -> None:
+    keep_alive_seconds(body.keep_alive)
+    if body.images:
+        raise bad_request("images are not supported: this model reads text only", "images")
+    if body.logprobs:
+        raise bad_request("logprobs are not supported on the Ollama API", "logprobs")
+    if body.think not in (None, False) and manager.reasoning_parser is None:
+        raise bad_request(f'"{model}" does not support thinking', "think")
+
+
+def _message(msg: Message, i: int) -> dict[str, Any]:
+    if msg.images:
+        raise bad_request("images are not supported: this model reads text only", "images")
+    out: dict[str, Any] = {"role": msg.role, "content": msg.content}
+    if msg.thinking:
+        out["reasoning_content"] = msg.thinking
+    if msg.tool_name:
+        out["name"] = msg.tool_name
+    if msg.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id or f"call_{i}_{j}",
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for j, call in enumerate(msg.tool_calls)
+        ]
+    return out
+
+
+def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatCompletionRequest:
+    model = served(manager, body.model)
+    _check_common(manager, body, model)
+    fields = _sampling(body.options, body.format)
+    fields.update(
+        model=model,
+        messages=[_message(m, i) for i, m in enumerate(body.messages)],
+        tools=body.tools or None,
+    )
+    return convert(
+        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    )
+
+
+def generate_request(
+    manager: TokenizerManager, body: GenerateBody
+) -> ChatCompletionRequest | CompletionRequest:
+    """`raw` prompts go to the completion core as they are; others through the chat template."""
+    model = served(manager, body.model)
+    _check_common(manager, body, model)
+    if body.suffix:
+        raise bad_request("'suffix' (fill-in-the-middle) is not supported yet", "suffix")
+    if body.template:
+        raise bad_request(
+            "a custom 'template' is not supported: the model's own chat template is used "
+            "(send raw: true to send a prompt as it is)",
+            "template",
+        )
+    if body.context:
+        raise bad_request("'context' is not supported: send the conversation to /api/chat")
+    fields = _sampling(body.options, body.format)
+    fields["model"] = model
+    if body.raw:
+        fields["prompt"] = body.prompt
+        cleaned = {k: v for k, v in fields.items() if v is not None or k == "max_tokens"}
+        return convert(cleaned, CompletionRequest, RENAMES)
+    messages = [{"role": "system", "content": body.system}] if body.system else []
+    fields["messages"] = [*messages, {"role": "user", "content": body.prompt}]
+    return convert(
+        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    )

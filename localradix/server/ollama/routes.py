@@ -1,0 +1,127 @@
+"""The Ollama API (`/api/*` and `GET /`), which Zed, Roo Code, Cline, Continue, Copilot's Ollama
+provider and Open WebUI speak, over the request core (see core/).
+
+Requests become OpenAI requests; outputs come back as Ollama's JSON (NDJSON lines when
+streaming, the default); every error is `{"error": "..."}` with a 4xx status. The model is always
+loaded: `keep_alive` is accepted (and validated) but unloads nothing; `/api/pull` and friends
+answer 501 (there is no model store).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from litestar import Request, Response, Router, delete, post
+from litestar.types import ControllerRouterHandler
+
+from localradix.server.core.body import decode
+from localradix.server.core.gather import answer
+from localradix.server.core.http import NDJSON, error_handler, json_response, state
+from localradix.server.core.jobs import chat_job, completion_job
+from localradix.server.errors import APIError, bad_request
+from localradix.server.ollama import models
+from localradix.server.ollama.protocol import ChatBody, GenerateBody, ModelBody
+from localradix.server.ollama.render import (
+    Wrap,
+    chat_fields,
+    generate_fields,
+    ndjson,
+    now_iso,
+    response_body,
+)
+from localradix.server.ollama.request import (
+    chat_request,
+    generate_request,
+    keep_alive_seconds,
+    served,
+)
+from localradix.server.protocol import CompletionRequest
+from localradix.server.tokenizer_manager import Job
+
+
+async def _answer(
+    request: Request[Any, Any, Any], job: Job, model: str, stream: bool, wrap: Wrap, think: Any
+) -> Response[Any]:
+    lines = partial(ndjson, job, model, wrap, think) if stream else None
+    whole = partial(response_body, job, model, wrap=wrap, think=think)
+    return await answer(request, job, lines, whole, NDJSON)
+
+
+def _loaded(model: str, keep_alive: float | str | None, fields: dict[str, Any]) -> Response[Any]:
+    """An empty prompt only (un)loads the model in Ollama; here it is always loaded."""
+    unload = keep_alive_seconds(keep_alive) == 0
+    body = {"model": model, "created_at": now_iso(), **fields, "done": True}
+    return json_response({**body, "done_reason": "unload" if unload else "load"})
+
+
+@post("/chat", summary="Ollama: chat (NDJSON stream unless stream: false)", status_code=200)
+async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", ChatBody)
+    manager = state(request).ready_manager()
+    if not body.messages:
+        model = served(manager, body.model)
+        empty = {"message": {"role": "assistant", "content": ""}}
+        return _loaded(model, body.keep_alive, empty)
+    req = chat_request(manager, body)
+    job = await chat_job(manager, req)
+    return await _answer(request, job, str(req.model), body.stream, chat_fields, body.think)
+
+
+@post(
+    "/generate", summary="Ollama: complete a prompt (NDJSON unless stream: false)", status_code=200
+)
+async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", GenerateBody)
+    manager = state(request).ready_manager()
+    if not body.prompt and not body.suffix:
+        model = served(manager, body.model)
+        return _loaded(model, body.keep_alive, {"response": ""})
+    req = generate_request(manager, body)
+    if isinstance(req, CompletionRequest):
+        job = await completion_job(manager, req)
+    else:
+        job = await chat_job(manager, req)
+    return await _answer(request, job, str(req.model), body.stream, generate_fields, body.think)
+
+
+@post(["/embed", "/embeddings"], summary="Ollama: embeddings (not for this model)", status_code=200)
+async def embed(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", ModelBody)
+    manager = state(request).ready_manager()
+    model = served(manager, body.model or body.name)
+    raise bad_request(
+        f'"{model}" does not support embeddings: it is a text generation model, and localradix '
+        "does not serve embedding models yet"
+    )
+
+
+def _no_model_store() -> APIError:
+    return APIError(
+        501,
+        "localradix serves the one model it was started with and has no model store: start "
+        "`localradix serve MODEL` with another model instead",
+    )
+
+
+# Not in the OpenAPI schema: they only ever answer 501 (no model store).
+@post(["/pull", "/push", "/create", "/copy"], status_code=200, include_in_schema=False)
+async def model_store(request: Request[Any, Any, Any]) -> Response[Any]:
+    raise _no_model_store()
+
+
+@delete("/delete", status_code=200, include_in_schema=False)
+async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
+    raise _no_model_store()
+
+
+def ollama_error(err: APIError) -> dict[str, Any]:
+    return {"error": err.message}
+
+
+_api = Router(
+    "/api",
+    route_handlers=[*models.API_ROUTES, chat, generate, embed, model_store, delete_model],
+    exception_handlers={Exception: error_handler(ollama_error)},
+)
+ROUTES: list[ControllerRouterHandler] = [*models.ROOT_ROUTES, _api]

@@ -1,0 +1,86 @@
+"""The operator's routes: health, Prometheus metrics, the stats feed (JSON and SSE, which the
+TUI reads) and flushing the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, get, post
+from litestar.openapi import ResponseSpec
+from litestar.response import Stream
+
+from localradix.server.core.docs import AUTH, UNAVAILABLE
+from localradix.server.core.http import ClosingStream, json_response, sse, state
+from localradix.server.errors import APIError, error_response
+from localradix.server.protocol import ErrorResponse
+
+STATS_STREAM_INTERVAL_S = 0.25
+
+
+def _previews(request: Request[Any, Any, Any]) -> bool:
+    return bool(request.app.state.policy.shows_previews(request.scope))
+
+
+@get("/stats", summary="Engine and server statistics (JSON)")
+async def stats(request: Request[Any, Any, Any]) -> Response[Any]:
+    return json_response(state(request).stats_payload(_previews(request)))
+
+
+@get("/stats/stream", summary="The statistics as Server-Sent Events, about 4 per second")
+async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
+    server = state(request)
+    previews = _previews(request)
+
+    async def events() -> AsyncIterator[bytes]:
+        while not server.is_exiting():
+            yield sse(server.stats_payload(previews))
+            await asyncio.sleep(STATS_STREAM_INTERVAL_S)
+
+    return ClosingStream(events())
+
+
+@post(
+    "/cache/flush",
+    summary="Drop every cached prefix (409 while requests run)",
+    status_code=200,
+    responses={
+        **AUTH,
+        409: ResponseSpec(ErrorResponse, description="Requests are running"),
+        **UNAVAILABLE,
+    },
+)
+async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
+    server = state(request)
+    manager = server.ready_manager()
+    if manager.in_flight or not await server.client.flush_cache():
+        raise APIError(
+            409, "cannot flush the cache while requests are running; retry when idle", code="busy"
+        )
+    return json_response({"flushed": True})
+
+
+@get(
+    "/health",
+    summary="200 while the engine runs, 503 otherwise",
+    responses={503: ResponseSpec(ErrorResponse, description="Starting, or the engine is gone")},
+)
+async def health(request: Request[Any, Any, Any]) -> Response[Any]:
+    server = state(request)
+    err = server.unavailable()
+    if err is not None:
+        return error_response(err)
+    return json_response({"status": "ok", "model": server.client.info["name"]})
+
+
+@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
+async def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
+    server = state(request)
+    in_flight = server.manager.in_flight if server.manager else 0
+    text = server.metrics.render(server.client.stats, in_flight, server.client.alive)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+V1_ROUTES = [stats, stats_stream, flush_cache]  # under /v1, beside the OpenAI routes
+ROUTES = [health, metrics]

@@ -1,0 +1,197 @@
+"""What every route reads: the engine client, the tokenizer manager, metrics, and the lifecycle.
+
+`ServerState` (at `app.state.server`) starts the engine process and loads the tokenizer (in
+parallel), and stops the engine on shutdown. Shutdown (SIGTERM/SIGINT, see launch.py) drains:
+new requests get 503 with Retry-After while the ones in flight get up to --drain-timeout
+seconds; whatever still runs then ends with a clear 503 (an SSE error event and `[DONE]` for a
+stream), and only then does uvicorn stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from localradix.config import ServerArgs
+from localradix.server.engine_client import EngineClient
+from localradix.server.engine_process import DEFAULT_CORE
+from localradix.server.errors import APIError
+from localradix.server.metrics import ServerMetrics
+from localradix.server.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger("localradix.server")
+
+DEATH_GRACE_S = 2.0  # keep answering 503 this long after the engine died, then exit non-zero
+ABORT_FLUSH_S = 5.0  # after the drain deadline: time for the aborted responses to go out
+SHUTDOWN_RETRY_AFTER_S = 5
+SHUTTING_DOWN = "the server is shutting down; retry on a server that is running"
+# Prompt text in the stats feed (engine.top_prefixes / engine.recent_misses).
+PREVIEW_KEYS = {
+    "top_prefixes": ("preview", "head"),
+    "recent_misses": ("cached_text", "request_text", "before_text"),
+}
+
+
+def default_tokenizer(args: ServerArgs) -> Any:
+    from localradix.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(args.model)
+
+
+class ServerState:
+    def __init__(
+        self,
+        args: ServerArgs,
+        core_factory: str = DEFAULT_CORE,
+        tokenizer_factory: Callable[[ServerArgs], Any] = default_tokenizer,
+    ) -> None:
+        self.args = args
+        self.client = EngineClient(args, core_factory)
+        self.tokenizer_factory = tokenizer_factory
+        self.metrics = ServerMetrics()
+        self.manager: TokenizerManager | None = None
+        self.started = time.time()
+        self.exit_code = 0
+        self.startup_error: str | None = None
+        self.request_exit: Callable[[], None] = lambda: None  # set by whoever runs the server
+        self.is_exiting: Callable[[], bool] = lambda: False
+        self.draining = False
+        self.active = 0  # POST requests being answered (the work a shutdown drains)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stop_now = asyncio.Event()
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        tok = asyncio.ensure_future(asyncio.to_thread(self.tokenizer_factory, self.args))
+        eng = asyncio.ensure_future(self.client.start())
+        try:
+            tokenizer, info = await asyncio.gather(tok, eng)
+        except BaseException as exc:
+            for task in (tok, eng):
+                task.cancel()
+            self.client.close_sync()
+            self.startup_error = str(exc) or type(exc).__name__
+            self.exit_code = 1
+            logger.error("startup failed: %s", self.startup_error)
+            raise
+        self.manager = TokenizerManager(self.client, tokenizer, self.args, self.metrics)
+        self.client.on_death.append(self._engine_died)
+        logger.info("serving '%s' on http://%s:%d", info["name"], self.args.host, self.args.port)
+
+    async def stop(self) -> None:
+        await self.client.close()
+
+    def _engine_died(self, message: str) -> None:
+        self.exit_code = 1
+        asyncio.get_running_loop().call_later(DEATH_GRACE_S, self.request_exit)
+
+    def unavailable(self) -> APIError | None:
+        """Why requests cannot be served now (None: they can)."""
+        if self.draining:
+            return APIError(
+                503, SHUTTING_DOWN, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}
+            )
+        if self.manager is None or not self.client.alive:
+            return APIError(503, self.client.dead_message or "the server is still starting")
+        return None
+
+    def ready_manager(self) -> TokenizerManager:
+        err = self.unavailable()
+        if err is not None:
+            raise err
+        assert self.manager is not None
+        return self.manager
+
+    # ---- shutdown: drain, then stop ------------------------------------------------------
+
+    def request_shutdown(self) -> bool:
+        """From a signal handler: start the drain, or (a second signal) end it now. False
+        before the server started (the caller then exits the usual way)."""
+        if self._loop is None or self.manager is None:
+            return False
+        self._loop.call_soon_threadsafe(self._shutdown_requested)
+        return True
+
+    def _shutdown_requested(self) -> None:
+        if self._drain is None:
+            self.draining = True
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+        else:
+            self._stop_now.set()
+
+    async def _drain_then_exit(self) -> None:
+        timeout = self.args.drain_timeout
+        if self.active:
+            logger.info(
+                "shutting down: %d request(s) in flight get up to %g s to finish; new requests "
+                "get 503 (signal again to end them now)",
+                self.active,
+                timeout,
+            )
+        if not await self._until_idle(timeout, stoppable=True):
+            logger.warning("shutting down: ending %d request(s) with a 503 error", self.active)
+            self.client.stop_serving(SHUTTING_DOWN)
+            await self._until_idle(ABORT_FLUSH_S)
+        logger.info("shutting down")
+        self.request_exit()
+
+    async def _until_idle(self, timeout: float, stoppable: bool = False) -> bool:
+        waits = [asyncio.ensure_future(self._idle.wait())]
+        if stoppable:
+            waits.append(asyncio.ensure_future(self._stop_now.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self.active == 0
+
+    def enter(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+
+    def stats_payload(self, previews: bool = True) -> dict[str, Any]:
+        stats = self.client.stats
+        m = self.metrics
+        return {
+            "model": self.client.info,
+            "uptime_s": time.time() - self.started,
+            "engine_alive": self.client.alive,
+            "engine_pid": self.client.pid,
+            "draining": self.draining,
+            "engine": stats if stats is None or previews else _without_previews(stats),
+            "server": {
+                "in_flight": self.manager.in_flight if self.manager else 0,
+                "requests_total": sum(m.requests.values()),
+                "requests_by_finish_reason": m.requests,
+                "errors_by_status": m.errors,
+                "prompt_tokens_total": m.prompt_tokens,
+                "generated_tokens_total": m.generated_tokens,
+                "cached_tokens_total": m.cached_tokens,
+                "cache_hit_rate": m.cache_hit_rate,
+            },
+            "throughput": {
+                "prefill_tokens_per_s": stats.prefill_tokens_per_s if stats else 0.0,
+                "decode_tokens_per_s": stats.decode_tokens_per_s if stats else 0.0,
+            },
+        }
+
+
+def _without_previews(stats: Any) -> dict[str, Any]:
+    data = msgspec.to_builtins(stats)
+    for table, keys in PREVIEW_KEYS.items():
+        data[table] = [{k: v for k, v in row.items() if k not in keys} for row in data[table]]
+    return data
