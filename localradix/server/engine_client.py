@@ -74,6 +74,13 @@ class EngineClient:
         return dataclasses.asdict(self.model_info) if self.model_info else {}
 
     @property
+    def loaded(self) -> ModelInfo:
+        """The loaded model's facts (callers check readiness first: the engine has loaded)."""
+        if self.model_info is None:
+            raise RuntimeError("the engine has not loaded a model yet")
+        return self.model_info
+
+    @property
     def alive(self) -> bool:
         return self.dead_message is None and self.model_info is not None
 

@@ -71,7 +71,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     err = server.unavailable()
     if err is not None:
         return error_response(err)
-    return json_response({"status": "ok", "model": server.client.info["name"]})
+    return json_response({"status": "ok", "model": server.client.loaded.name})
 
 
 @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")

@@ -583,7 +583,7 @@ def test_fake_schemathesis_cli_finds_no_server_errors(fake_server):
         "--max-examples",
         "25",
         "--request-timeout",
-        "10",
+        "30",  # the longest generated request (n=11, max_tokens to the context) takes ~5 s idle
         "--seed",
         "1",
         "--workers",

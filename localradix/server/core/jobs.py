@@ -17,7 +17,6 @@ import msgspec
 from localradix.sampling_params import SamplingParams
 from localradix.server.core.output import tool_setup
 from localradix.server.core.sampling import (
-    check_token_ids,
     max_tokens_or_default,
     request_constraint,
     sampling_params,
@@ -31,7 +30,7 @@ MAX_PROMPTS = 64
 
 
 def served_name(manager: TokenizerManager) -> str:
-    return str(manager.client.info["name"])
+    return manager.client.loaded.name
 
 
 def check_model(manager: TokenizerManager, model: str | None) -> None:
@@ -181,6 +180,4 @@ async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[li
         raise bad_request("'prompt' mixes strings, token ids and lists", "prompt")
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request", "prompt")
-    for ids in prompts:
-        check_token_ids(ids, manager.vocab, "prompt")
-    return list(prompts)
+    return list(prompts)  # checked against the engine's limits by manager.check_prompt

@@ -42,13 +42,9 @@ async def version() -> Response[Any]:
 
 async def _facts(request: Request[Any, Any, Any]) -> tuple[TokenizerManager, ModelFacts]:
     manager = state(request).ready_manager()
-    info = manager.client.info
+    info = manager.client.loaded
     facts = await asyncio.to_thread(
-        model_facts,
-        str(info["name"]),
-        str(info.get("path", "")),
-        int(info["context_length"]),
-        str(info.get("architecture", "")),
+        model_facts, info.name, info.path, info.context_length, info.architecture
     )
     return manager, facts
 
@@ -73,8 +69,7 @@ async def tags(request: Request[Any, Any, Any]) -> Response[Any]:
 @get("/ps", summary="Ollama: the models loaded (the one served)")
 async def ps(request: Request[Any, Any, Any]) -> Response[Any]:
     manager, facts = await _facts(request)
-    info = manager.client.info
-    on_gpu = str(info.get("device", "cpu")) not in ("cpu", "")
+    on_gpu = manager.client.loaded.device not in ("cpu", "")
     expires = now_iso(time.time() + NEVER_EXPIRES.total_seconds())
     loaded = {
         **_listing(facts),
@@ -99,7 +94,7 @@ async def show(request: Request[Any, Any, Any]) -> Response[Any]:
     return json_response(
         {
             "license": facts.license,
-            "modelfile": f"# served by localradix\nFROM {manager.client.info.get('path', '')}\n",
+            "modelfile": f"# served by localradix\nFROM {manager.client.loaded.path}\n",
             "parameters": f"num_ctx                        {manager.context_length}",
             "template": template,
             "details": facts.details(),

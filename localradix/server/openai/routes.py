@@ -104,10 +104,8 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
 def _model_card(request: Request[Any, Any, Any]) -> ModelCard:
     server = state(request)
     server.ready_manager()
-    info = server.client.info
-    return ModelCard(
-        id=info["name"], created=int(server.started), max_model_len=info["context_length"]
-    )
+    info = server.client.loaded
+    return ModelCard(id=info.name, created=int(server.started), max_model_len=info.context_length)
 
 
 ROUTES = [chat_completions, completions, list_models, get_model]
