@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--lines", type=int, default=300, help="lines of source in the code edit")
     ap.add_argument("--k", type=int, default=8, help="--speculative-k")
+    ap.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all)")
     args = ap.parse_args()
     extra = {"dtype": "float32"} if args.backend == "cpu" else {}
     params = SamplingParams(temperature=0, max_new_tokens=args.max_tokens)
@@ -106,10 +107,12 @@ def main() -> None:
         print(f"backend {args.backend}, k <= {args.k}, up to {args.max_tokens} new tokens")
         header = (
             f"{'workload':18} {'prompt':>6} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} "
-            f"{'accept':>6} {'acc/step':>8} {'tok/step':>8} same"
+            f"{'accept':>6} {'acc/step':>8} {'tok/step':>8} verify same"
         )
         print(header)
         for name, text in workloads(args.lines).items():
+            if args.only and not any(name.startswith(o) for o in args.only):
+                continue
             ids = prompt_ids(engine, text)
             off = timed(engine, ids, params.replace(speculative=False))
             on = timed(engine, ids, params)
@@ -119,6 +122,7 @@ def main() -> None:
                 f"{name:18} {len(ids):6d} {off.rate:9.1f} {on.rate:9.1f} "
                 f"{on.rate / off.rate:6.2f} {rate:6.2f} {per_step:8.2f} "
                 f"{(on.accepted + on.steps) / max(on.steps, 1):8.2f} "
+                f"{on.steps:5d} verify steps "
                 f"{'yes' if on.tokens == off.tokens else 'no'} ({len(on.tokens)} tokens)"
             )
 
