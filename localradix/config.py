@@ -97,6 +97,16 @@ class ServerArgs:
         choices=AUTO_ON_OFF,
     )
     decode_log_interval: int = _opt("log a decode line every N steps", default=40)
+    speculative: str | None = _opt(
+        "speculative decoding: 'ngram' drafts tokens from the request's own context and the "
+        "radix cache and verifies them in one step (lossless); off by default",
+        default=None,
+        choices=("ngram",),
+    )
+    speculative_k: int = _opt("most draft tokens verified per request and step", default=8)
+    speculative_min_match: int = _opt(
+        "shortest n-gram of the context matched to draft from", default=3
+    )
     # Server
     host: str = _opt("address to bind", default="127.0.0.1")
     port: int = _opt("port to bind", default=8000)

@@ -82,6 +82,10 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generated_tokens_total: int = 0
     retractions: int = 0
+    # Speculative decoding: request-steps that verified drafts, drafts sent, drafts accepted.
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     requests: tuple[dict, ...] = field(default=())  # per running request: id, state, counts

@@ -48,6 +48,7 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; k >= 0 = chosen token plus top-k alternatives
     skip_special_tokens: bool = True
     constraint: Constraint | None = None
+    speculative: bool = True  # False: never speculate for this request (--speculative is on)
 
     @property
     def greedy(self) -> bool:

@@ -64,6 +64,10 @@ class GrammarState:
     def accept(self, token: int) -> bool:
         return bool(self._matcher.accept_token(token))
 
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` accepted tokens (speculative drafts tried by `spec.draft_masks`)."""
+        self._matcher.rollback(n)
+
     @property
     def terminated(self) -> bool:
         return bool(self._matcher.is_terminated())

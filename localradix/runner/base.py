@@ -58,10 +58,14 @@ class ModelRunner(ABC):
     # --max-cached-tokens); None = keep all that fit. Bounded where idle cached KV slows every
     # step (llama.cpp's unified cache: each step's attention scans every live cell).
     idle_cache_budget: int | None = None
+    # True when the runner samples every row of `ForwardBatch.logit_index` (several positions
+    # of a request: speculative verification); else the scheduler decodes plainly.
+    verifies: bool = False
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
-        """Compute the new tokens' KV and sample one token per request (from its last token)."""
+        """Compute the new tokens' KV and sample one token per row of `batch.logit_index`
+        (each request's last token unless it verifies drafts), with row r of `sampling`."""
 
     def launch(self, batch: ForwardBatch, sampling: SamplingBatch) -> LaunchedStep:
         """Start a step; `forward` to completion unless the runner overlaps."""

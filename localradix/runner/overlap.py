@@ -121,6 +121,9 @@ class OverlapRunner(ModelRunner):
     ) -> None:
         self.runner = runner
         self.kv_capacity = runner.kv_capacity
+        # Verify steps would fit (a ring entry per row) but the ring is sized for one token per
+        # request (engine/core.py): speculation waits for a ring sized by --speculative-k.
+        self.verifies = False
         self.futures = FutureTokens(capacity)
         self.ring = torch.zeros(capacity, dtype=torch.long, device=runner.device)
         self.copies = copies if copies is not None else HostCopies(runner.device)
@@ -132,11 +135,12 @@ class OverlapRunner(ModelRunner):
             if bool((batch.input_ids < 0).any()):
                 ids = resolve_placeholders(ids, self.ring)
             out = sample_on_device(self.runner.logits(batch, ids), sampling)
-            entries = self.futures.reserve(batch.num_reqs)
+            entries = self.futures.reserve(batch.num_rows)  # one per row; a verify has several
             index = torch.from_numpy(entries).to(self.runner.device, non_blocking=True)
             self.ring.index_copy_(0, index, out.token_ids)
             host = out.map(self.copies.to_host)
-            return PendingStep(FutureTokens.placeholders(entries), host, self.copies.event())
+            last = FutureTokens.placeholders(entries[batch.last_row])
+            return PendingStep(last, host, self.copies.event())
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         """Synchronous use (no overlap): launch and wait."""

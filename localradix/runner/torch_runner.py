@@ -46,6 +46,8 @@ def _name(dtype: torch.dtype) -> str:
 
 
 class TorchRunner(ModelRunner):
+    verifies = True  # `logits` gathers every row of `logit_index`
+
     def __init__(
         self,
         model: Any,
@@ -77,7 +79,8 @@ class TorchRunner(ModelRunner):
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 logits [num_reqs, vocab] of each request's last new token, on the device.
+        """float32 logits [num_rows, vocab] of each sampled position (`batch.logit_index`: each
+        request's last new token, or its verify positions), on the device.
 
         `input_ids` (on the device) overrides `batch.input_ids`, e.g. tokens sampled by the
         previous step that the host has not seen yet (see `localradix.runner.overlap`).
@@ -85,8 +88,8 @@ class TorchRunner(ModelRunner):
         self.attn.prepare(batch)
         ids = input_ids if input_ids is not None else self._tensor(batch.input_ids)
         hidden = self.model.forward(ids, self._tensor(batch.positions), self.attn)
-        if batch.num_tokens != batch.num_reqs:
-            hidden = hidden[self._tensor(batch.last_token_index)]
+        if batch.num_tokens != batch.num_rows:
+            hidden = hidden[self._tensor(batch.logit_index)]
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()

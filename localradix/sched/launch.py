@@ -14,13 +14,16 @@ import numpy as np
 
 from localradix.messages import TokenLogprob
 from localradix.runner.base import LaunchedStep, ModelRunner
-from localradix.sched.plan import forward_batch, penalized, sampling_batch
+from localradix.sched.plan import forward_batch, penalized, verify_sampling
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
 from localradix.sched.slot_handoff import SlotHandoff
+from localradix.sched.speculation import Speculator, verdict_of
 from localradix.sched.stats import SchedulerStats
 from localradix.sched.stop_check import StopChecker
 from localradix.step import SampleOutput
+
+_NO_DRAFTS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -30,6 +33,8 @@ class InFlight:
     reqs: list[Req]
     epochs: list[int]  # each request's epoch at launch: a retracted request drops its token
     samples: list[bool]  # whether each request samples a token (a non-final chunk does not)
+    drafts: list[np.ndarray]  # each request's drafts verified by this step (most: none)
+    first_rows: np.ndarray  # each request's first sampled row in the step's output
     handle: LaunchedStep
     is_prefill: bool
     num_tokens: int
@@ -37,8 +42,11 @@ class InFlight:
 
     @property
     def needs_host_tokens(self) -> bool:
-        """Whether its requests' next step needs these tokens on the host (grammar, penalties)."""
-        return any(r.grammar is not None or penalized(r) for r in self.reqs)
+        """Whether its requests' next step needs these tokens on the host (grammar, penalties,
+        drafts: the next drafts continue from the accepted ones)."""
+        return any(len(d) for d in self.drafts) or any(
+            r.grammar is not None or penalized(r) for r in self.reqs
+        )
 
 
 @dataclass(eq=False)
@@ -49,24 +57,33 @@ class StepLauncher:
     stop: StopChecker
     stats: SchedulerStats
     vocab_size: int
+    speculator: Speculator | None = None  # None: never speculates (as with it disabled)
     _rng: np.random.Generator = field(default_factory=np.random.default_rng, init=False)
 
     def launch(self, batch: list[Req]) -> InFlight:
         """Hand the batch to the runner and move its KV bookkeeping past it."""
+        if self.speculator is not None:
+            self.speculator.draft(batch)
         fb = forward_batch(batch, self.slots.req_pool.table)
-        sb = sampling_batch(batch, self._rng, self.vocab_size)
+        sb = verify_sampling(batch, self._rng, self.vocab_size)
         is_prefill = batch[0].state == ReqState.PREFILL
         started = time.monotonic()
         handle = self.runner.launch(fb, sb)
         epochs = [r.epoch for r in batch]
+        drafts = [r.draft_ids for r in batch]
+        first_rows = fb.last_row - np.array([len(d) for d in drafts], dtype=np.int64)
         samples = [self._advance_kv(req, handle.placeholders, i) for i, req in enumerate(batch)]
-        return InFlight(batch, epochs, samples, handle, is_prefill, fb.num_tokens, started)
+        return InFlight(
+            batch, epochs, samples, drafts, first_rows, handle, is_prefill, fb.num_tokens, started
+        )
 
     def _advance_kv(self, req: Req, placeholders: np.ndarray | None, i: int) -> bool:
         """KV bookkeeping at launch; True when the request samples a token in this step."""
         was_prefill = req.state == ReqState.PREFILL
-        req.kv_len += req.extend_len
+        req.spec_len = len(req.draft_ids)  # written now, verified at the read
+        req.kv_len += req.extend_len - req.spec_len
         req.extend_len = 0
+        req.draft_ids = _NO_DRAFTS
         if was_prefill:
             self.slots.cache_unfinished(req)
             if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
@@ -85,13 +102,29 @@ class StepLauncher:
         for i, req in enumerate(step.reqs):
             # Dropped: a retracted request's token (it re-runs), or one after the request ended.
             if step.samples[i] and req.epoch == step.epochs[i] and not req.finished:
-                self._take_token(req, out, i)
+                self._take_tokens(req, out, int(step.first_rows[i]), step.drafts[i])
         if not step.is_prefill:
             self.stats.count_decode_step()
 
-    def _take_token(self, req: Req, out: SampleOutput, i: int) -> None:
+    def _take_tokens(self, req: Req, out: SampleOutput, row: int, drafts: np.ndarray) -> None:
+        """Apply the step's tokens of one request: its sampled token, or for a verify the
+        accepted drafts and the token after them, one at a time until it stops."""
         req.pending -= 1
-        token = int(out.token_ids[i])
+        verdict = verdict_of(drafts, out.token_ids[row : row + len(drafts) + 1])
+        emitted = verdict.tokens(drafts)
+        taken = 0
+        while taken < len(emitted) and not req.finished:
+            self._take_token(req, out, row + taken, int(emitted[taken]))
+            taken += 1
+        if self.speculator is not None:
+            self.speculator.settle(req, drafts, verdict, taken)
+        if len(drafts):
+            self.stats.spec.add(len(drafts), verdict.accepted)
+        if req.finished:
+            self.queues.running.remove(req)
+            self.slots.release(req)
+
+    def _take_token(self, req: Req, out: SampleOutput, i: int, token: int) -> None:
         req.output_ids.append(token)
         self.stats.generated_tokens_total += 1
         if req.first_token_time is None:
@@ -100,9 +133,6 @@ class StepLauncher:
             req.logprobs.append(_token_logprob(out, i, token, req.params.logprobs))
         self.queues.touch(req)
         self.stop.check(req, token)
-        if req.finished:
-            self.queues.running.remove(req)
-            self.slots.release(req)
 
 
 def _token_logprob(out: SampleOutput, i: int, token: int, k: int) -> TokenLogprob:

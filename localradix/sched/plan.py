@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from localradix.sched.request import Req, ReqState
+from localradix.spec import expand_sampling, position_uniforms
 from localradix.step import ForwardBatch, SamplingBatch
 
 
 def forward_batch(batch: list[Req], table: np.ndarray) -> ForwardBatch:
     """Each request's new tokens and its slot-table row up to them (`table`: the
     ReqToTokenPool's). A request whose last token is still on the device is fed the runner's
-    placeholder for it."""
-    ids, tables, prefixes, rows = [], [], [], []
+    placeholder for it; one with drafts runs `[last] + drafts` and samples each position."""
+    ids, tables, prefixes, rows, sampled = [], [], [], [], []
     for req in batch:
         assert req.row is not None
         end = req.kv_len + req.extend_len
@@ -22,11 +23,48 @@ def forward_batch(batch: list[Req], table: np.ndarray) -> ForwardBatch:
         elif req.pending:
             ids.append(np.array([req.placeholder], dtype=np.int64))
         else:
-            ids.append(np.array(req.output_ids[-1:], dtype=np.int64))
+            ids.append(np.concatenate([req.output_ids[-1:], req.draft_ids]).astype(np.int64))
         tables.append(table[req.row, :end])
         prefixes.append(req.kv_len)
         rows.append(req.row)
-    return ForwardBatch.build(ids, tables, prefixes, rows)
+        sampled.append(1 + len(req.draft_ids))
+    return ForwardBatch.build(ids, tables, prefixes, rows, sampled)
+
+
+def verify_sampling(batch: list[Req], rng: np.random.Generator, vocab_size: int) -> SamplingBatch:
+    """`sampling_batch`, one row per sampled position when any request verifies drafts: row j
+    of a request samples the token after its drafts[:j], with that token's own draw (a seeded
+    request's is the one it gets without speculation) and grammar mask."""
+    drafts = [r.draft_ids for r in batch]
+    if not any(len(d) for d in drafts):
+        return sampling_batch(batch, rng, vocab_size)
+    base = SamplingBatch.build(
+        [r.params for r in batch], uniforms(batch, rng), [_history(r) for r in batch]
+    )
+    draws = [
+        position_uniforms(r.params, len(r.output_ids) + r.pending, len(d) + 1, rng)
+        if len(d)
+        else base.uniform[i : i + 1]
+        for i, (r, d) in enumerate(zip(batch, drafts))
+    ]
+    return expand_sampling(base, drafts, np.concatenate(draws), _verify_masks(batch, vocab_size))
+
+
+def _verify_masks(batch: list[Req], vocab_size: int) -> np.ndarray | None:
+    """Grammar rows of a verify step: the masks `draft_masks` left for each drafted request,
+    a fresh row for other constrained requests that sample, all-allowed elsewhere."""
+    if all(r.grammar is None for r in batch):
+        return None
+    sizes = [1 + len(r.draft_ids) for r in batch]
+    mask = np.full((sum(sizes), (vocab_size + 31) // 32), -1, dtype=np.int32)
+    row = 0
+    for req, n in zip(batch, sizes):
+        if req.grammar is not None and n > 1:
+            mask[row : row + n] = req.spec.masks
+        elif req.grammar is not None and req.kv_len + req.extend_len >= req.seq_len:
+            req.grammar.fill_mask(mask, row)
+        row += n
+    return mask
 
 
 def sampling_batch(batch: list[Req], rng: np.random.Generator, vocab_size: int) -> SamplingBatch:

@@ -16,6 +16,8 @@ import numpy as np
 from localradix.messages import TokenLogprob
 from localradix.sampling_params import SamplingParams
 
+_NO_DRAFTS = np.zeros(0, dtype=np.int64)
+
 
 class ReqState(Enum):
     WAITING = "waiting"
@@ -47,6 +49,11 @@ class Req:
     pending: int = 0
     placeholder: int = 0
     epoch: int = 0
+    # Speculative decoding (sched/speculation.py): this step's drafts, the draft positions
+    # written but not verified yet (their slots are owned too), the drafter and adaptive k.
+    draft_ids: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
+    spec_len: int = 0
+    spec: Any = None  # RequestSpec once it decodes with --speculative
     # Reporting
     cached_tokens: int = -1  # prompt tokens served from cache at first admission
     finish_reason: str | None = None

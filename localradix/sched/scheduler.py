@@ -23,6 +23,7 @@ The rooms this loop drives, one file each:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from localradix.config import ServerArgs
@@ -40,8 +41,11 @@ from localradix.sched.launch import InFlight, StepLauncher
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req
 from localradix.sched.slot_handoff import SlotHandoff
+from localradix.sched.speculation import Speculator
 from localradix.sched.stats import SchedulerStats
 from localradix.sched.stop_check import StopChecker
+
+logger = logging.getLogger("localradix.scheduler")
 
 
 class Scheduler:
@@ -91,10 +95,31 @@ class Scheduler:
         )
         self.admission = PrefillAdmission(args, self.queues, self.slots, self.counters)
         self.decoding = DecodePlanner(args, self.queues, self.slots, self.counters, context_len)
+        self.speculator = Speculator(
+            args, self.slots, self.cache, context_len, vocab_size, self._speculates(args, runner)
+        )
         self.launcher = StepLauncher(
-            runner, self.queues, self.slots, self.stop_checker, self.counters, vocab_size
+            runner,
+            self.queues,
+            self.slots,
+            self.stop_checker,
+            self.counters,
+            vocab_size,
+            self.speculator,
         )
         self.in_flight: InFlight | None = None
+
+    @staticmethod
+    def _speculates(args: ServerArgs, runner: ModelRunner) -> bool:
+        if not args.speculative:
+            return False
+        if not runner.verifies:
+            logger.warning("--speculative: this runner cannot verify drafts; decoding plainly")
+            return False
+        logger.info(
+            "Speculative decoding: %s drafts, k <= %d", args.speculative, args.speculative_k
+        )
+        return True
 
     # ---- requests in and out -------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import MatchResult, RadixCache
 from localradix.sched.cache_budget import is_one_off
 from localradix.sched.request import Req
+from localradix.spec.draft_kv import rejected_slots
 
 
 @dataclass(eq=False)
@@ -44,7 +45,8 @@ class SlotHandoff:
     def owned(self, req: Req) -> np.ndarray:
         """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
         assert req.row is not None
-        return self.req_pool.table[req.row, req.cached_len : self.round_up(req.kv_len)]
+        end = self.round_up(req.kv_len + req.spec_len)
+        return self.req_pool.table[req.row, req.cached_len : end]
 
     def claim(self, req: Req, match: MatchResult, cached: int, extend: int) -> bool:
         """Give `req` a row, lock its first `cached` matched tokens and reserve slots for the
@@ -93,6 +95,28 @@ class SlotHandoff:
             self.req_pool.table[req.row, req.kv_len : req.kv_len + self.page] = page
         return True
 
+    def reserve_drafts(self, req: Req, k: int) -> bool:
+        """Map positions [kv_len + 1, kv_len + 1 + k) (drafts after the decode token, whose
+        page `open_decode_pages` opened) to free slots; False (nothing taken) when the pool
+        would have to evict cached prefixes for them: drafts are worth less than the cache."""
+        assert req.row is not None
+        have, want = self.round_up(req.kv_len + 1), self.round_up(req.kv_len + 1 + k)
+        if want - have > self.pool.available:
+            return False
+        slots = self.pool.alloc(want - have)
+        if slots is None:
+            return False
+        self.req_pool.table[req.row, have:want] = slots
+        return True
+
+    def drop_rejected(self, req: Req, kept: int) -> None:
+        """After a verify step: only `kept` positions hold real tokens; free whole pages of
+        rejected drafts at once (llama.cpp's cells go with them, via the pool's listener)."""
+        assert req.row is not None
+        written = req.kv_len + req.spec_len
+        self.pool.free(rejected_slots(self.req_pool.table[req.row], kept, written, self.page))
+        req.kv_len, req.spec_len = kept, 0
+
     def cache_unfinished(self, req: Req) -> None:
         """Insert the computed prefix into the tree so others can share it; move our lock."""
         if self.cache.disable:
@@ -112,7 +136,7 @@ class SlotHandoff:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
         if req.row is None:
             return
-        slots = self.req_pool.table[req.row, : self.round_up(req.kv_len)].copy()
+        slots = self.req_pool.table[req.row, : self.round_up(req.kv_len + req.spec_len)].copy()
         if self.cache.disable:
             self.pool.free(slots)
         else:
@@ -126,3 +150,4 @@ class SlotHandoff:
             self.cache.unlock(req.last_node)
         self.req_pool.free(req.row)
         req.row, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
+        req.spec_len = 0

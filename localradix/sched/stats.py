@@ -18,6 +18,7 @@ from localradix.sched.request import Req
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stop_check import Decode
 from localradix.sched.throughput import ThroughputMeter
+from localradix.spec import SpecCounters
 
 logger = logging.getLogger("localradix.scheduler")
 
@@ -57,6 +58,7 @@ class SchedulerStats:
         self.prefill_meter = ThroughputMeter()
         self.decode_meter = ThroughputMeter()
         self.decode_steps = 0
+        self.spec = SpecCounters()  # verify steps (request-steps with drafts), summed
         self.last_read = 0.0  # when the host last read a step's tokens (step timing)
         self.recent_misses: deque[dict] = deque(maxlen=16)
         self._prefixes: tuple[dict, ...] = ()
@@ -122,6 +124,9 @@ class SchedulerStats:
             prompt_tokens_total=self.prompt_tokens_total,
             generated_tokens_total=self.generated_tokens_total,
             retractions=self.retractions,
+            spec_verify_steps=self.spec.steps,
+            spec_draft_tokens=self.spec.drafted,
+            spec_accepted_tokens=self.spec.accepted,
             prefill_tokens_per_s=self.prefill_meter.rate(now),
             decode_tokens_per_s=self.decode_meter.rate(now),
             requests=tuple(_req_row(r, now) for r in holders + q.waiting[:32]),
@@ -151,13 +156,18 @@ class SchedulerStats:
         )
 
     def log_decode(self) -> None:
+        spec = ""
+        if self.spec.steps:
+            rate, per_step = self.spec.acceptance_rate, self.spec.tokens_per_step
+            spec = f", spec accept {rate:.2f}, tokens/step {per_step:.2f}"
         logger.info(
             "Decode batch. #running: %d, KV usage: %.2f, gen throughput (token/s): %.1f, "
-            "#queue: %d",
+            "#queue: %d%s",
             len(self.queues.running),
             self.kv_usage(),
             self.decode_meter.rate(time.monotonic()),
             len(self.queues.waiting),
+            spec,
         )
 
 

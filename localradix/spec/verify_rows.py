@@ -46,11 +46,15 @@ def draft_masks(grammar: RollbackGrammar, drafts: np.ndarray, mask: np.ndarray, 
 
     A draft the grammar refuses has probability 0, so it and every draft after it would be
     rejected: the caller drops them (and the positions they would cost) before launching.
+    A draft that ends the grammar is dropped too (there is no state after it to mask from).
     """
     grammar.fill_mask(mask, row)
     taken = 0
     for token in drafts:
         if not grammar.accept(int(token)):
+            break
+        if getattr(grammar, "terminated", False):  # a stop token: no mask after it exists
+            grammar.rollback(1)  # left to the row before it, which may still pick it
             break
         taken += 1
         grammar.fill_mask(mask, row + taken)

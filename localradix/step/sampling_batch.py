@@ -76,6 +76,9 @@ class SamplingBatch:
 
 @dataclass(frozen=True)
 class SampleOutput:
+    """One row per sampled position (`ForwardBatch.logit_index`; one per request unless a
+    speculative verify samples several)."""
+
     token_ids: np.ndarray  # int64 [B]
     logprobs: np.ndarray | None = None  # float32 [B]: logprob of each chosen token
     top_ids: np.ndarray | None = None  # int64 [B, k]

@@ -68,6 +68,7 @@ def default_threads() -> int:
 class LlamaCppRunner(ModelRunner):
     # A CPU step reads every weight once whatever its token count: decode tokens ride along.
     mixes_decode_into_prefill = SPEC.mixes_decode_into_prefill
+    verifies = True  # output flags on every row of `logit_index`
 
     def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
         settle_openmp()
@@ -94,11 +95,13 @@ class LlamaCppRunner(ModelRunner):
         self.idle_cache_budget = self._idle_cache_budget()
         self.threads = args.threads or default_threads()
         max_batch = max(args.max_prefill_tokens, args.chunked_prefill_size, rows)
+        # Logits rows of a step: one per request, k + 1 for a request verifying k drafts.
+        self.max_outputs = rows * (args.speculative_k + 1) if args.speculative else rows
         self.ctx = _new_context(llama, self.model, self._context_params(args, target, max_batch))
         self.memory = llama.llama_get_memory(self.ctx)
         # llama.cpp caps a batch at the context size: read back what it settled on.
         self.batch = LlamaBatch(llama, int(llama.llama_n_batch(self.ctx)))
-        self._logits = np.zeros((rows, self.n_vocab), dtype=np.float32)
+        self._logits = np.zeros((self.max_outputs, self.n_vocab), dtype=np.float32)
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
         logger.info(
@@ -115,7 +118,7 @@ class LlamaCppRunner(ModelRunner):
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         seqs = self._sequences(batch)
-        outputs = batch.last_token_index
+        outputs = batch.logit_index
         self.batch.fill(
             batch.input_ids, batch.positions, np.repeat(seqs, batch.extend_lens), outputs
         )
@@ -213,7 +216,7 @@ class LlamaCppRunner(ModelRunner):
         params.n_batch = max_batch
         params.n_ubatch = min(UBATCH, max_batch)
         params.n_seq_max = self.n_seq
-        params.n_outputs_max = self.n_seq  # at most one logits row per sequence per step
+        params.n_outputs_max = max(self.n_seq, self.max_outputs)  # logits rows per step
         params.n_threads = params.n_threads_batch = self.threads
         params.flash_attn_type = FLASH_ATTN_ENABLED
         params.type_k = params.type_v = KV_TYPES[target.dtype]

@@ -71,7 +71,7 @@ class MLXRunner(ModelRunner):
             input_ids = mx.array(batch.input_ids.astype(np.int32))
             positions = mx.array(batch.positions.astype(np.int32))
             hidden = self.model.forward(input_ids, positions, self.attn)
-            last = mx.array(batch.last_token_index.astype(np.int32))
+            last = mx.array(batch.logit_index.astype(np.int32))
             logits = self.model.compute_logits(hidden[last])
             mx.eval(logits, self.attn.state())
             return sample(logits, sampling)

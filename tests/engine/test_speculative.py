@@ -1,0 +1,83 @@
+"""Speculative decoding (--speculative ngram) on a tiny random model: the same greedy tokens as
+transformers, with drafts actually accepted, alone, batched, cached, paged, and under KV
+pressure (retraction); seeded sampling the same with speculation on and off."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from localradix import Engine, SamplingParams
+
+from .conftest import hf_greedy, random_prompts, token_lists
+
+NEW = 40
+
+
+def _repeating(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    """Prompts that say the same thing twice: a greedy model that copies gets free drafts,
+    and a tiny random model falls into loops that n-grams catch anyway."""
+    return [p + p for p in random_prompts(seed, lengths)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_greedy_matches_transformers_with_drafts_accepted(tiny_model, page_size):
+    folder, hf = tiny_model("llama")
+    prompts = _repeating(11, (12, 20, 7))
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    with Engine(
+        str(folder),
+        dtype="float32",
+        max_total_tokens=4096,
+        page_size=page_size,
+        speculative="ngram",
+        speculative_k=6,
+    ) as engine:
+        assert token_lists(engine.generate(prompts[:1], params)) == refs[:1]  # alone
+        # A random model does not copy its prompt, but the tree now holds prompt 0's output:
+        # asked again, it is drafted from the tree (once its snapshot refreshes) and accepted.
+        time.sleep(1.1)
+        assert token_lists(engine.generate(prompts, params)) == refs  # batched, one cached
+        stats = engine.stats()
+        assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
+        assert stats.spec_draft_tokens >= stats.spec_accepted_tokens
+        engine.check_invariants(idle=True)  # rejected drafts' slots all went back
+
+
+def test_retraction_with_drafts_matches(tiny_model):
+    folder, hf = tiny_model("llama")
+    prompts = _repeating(4, (20, 21, 22, 23, 24, 25))
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    with Engine(
+        str(folder),
+        dtype="float32",
+        max_total_tokens=300,  # 6 x (44 + 40) tokens do not fit: decode must retract
+        new_token_ratio=0.05,
+        speculative="ngram",
+    ) as engine:
+        assert token_lists(engine.generate(prompts, params)) == refs
+        stats = engine.stats()
+        assert stats.retractions > 0 and stats.spec_verify_steps > 0
+        engine.check_invariants(idle=True)
+
+
+def test_seeded_sampling_and_opt_out_unchanged(tiny_model):
+    folder, _ = tiny_model("qwen2")
+    prompts = _repeating(5, (16, 9))
+    seeded = SamplingParams(temperature=0.7, top_p=0.9, seed=123, max_new_tokens=NEW)
+    greedy = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    with Engine(str(folder), dtype="float32", max_total_tokens=4096) as plain:
+        want_seeded = token_lists(plain.generate(prompts, seeded))
+        want_greedy = token_lists(plain.generate(prompts, greedy))
+    with Engine(str(folder), dtype="float32", max_total_tokens=4096, speculative="ngram") as eng:
+        opted_out = seeded.replace(speculative=False)
+        assert token_lists(eng.generate(prompts, opted_out)) == want_seeded
+        assert eng.stats().spec_verify_steps == 0  # nobody drafted for them
+        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        assert token_lists(eng.generate(prompts, seeded)) == want_seeded
+        assert eng.stats().spec_accepted_tokens > 0
+        assert token_lists(eng.generate(prompts, greedy)) == want_greedy
+        eng.check_invariants(idle=True)
