@@ -93,6 +93,7 @@ class ServerMetrics:
             "counter", "cached_tokens_total", "Cached prompt tokens.", self.cached_tokens
         )
         lines += _metric("counter", "retractions_total", "Requests retracted.", s.retractions)
+        lines += self._speculation_lines(s)
         lines += self._labelled(
             "requests_total", "Finished requests.", "finish_reason", self.requests
         )
@@ -104,6 +105,27 @@ class ServerMetrics:
         for hist in (self.ttft, self.itl, self.e2e):
             lines += hist.render()
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _speculation_lines(s: EngineStats) -> list[str]:
+        """--speculative: verify steps, drafted and accepted tokens, and their ratio."""
+        drafted, accepted = s.spec_draft_tokens, s.spec_accepted_tokens
+        return [
+            *_metric(
+                "counter",
+                "spec_verify_steps_total",
+                "Steps that verified drafts.",
+                s.spec_verify_steps,
+            ),
+            *_metric("counter", "spec_draft_tokens_total", "Draft tokens verified.", drafted),
+            *_metric("counter", "spec_accepted_tokens_total", "Draft tokens accepted.", accepted),
+            *_metric(
+                "gauge",
+                "spec_acceptance_rate",
+                "Accepted share of the draft tokens.",
+                accepted / drafted if drafted else 0.0,
+            ),
+        ]
 
     @staticmethod
     def _kv_lines(s: EngineStats) -> list[str]:

@@ -119,6 +119,7 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: Annotated[dict[str, float], Unsupported] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    speculative: bool = True  # False: no n-gram drafts for this request (serve --speculative)
     # Structured output: at most one of these (type "text" does not count).
     response_format: ResponseFormat | None = None
     regex: str | None = None

@@ -168,6 +168,7 @@ class StatusLine(Panel):
             f"waiting [b]{fmt.count(s.get('queued'))}[/]",
             f"[{retr_style}]retractions {fmt.count(retr)}[/]",
         ]
+        parts += _speculation(s)
         if sy.source != "none":
             parts.append(f"CPU {fmt.count(sy.cpu_percent)}%")
             parts.append(f"RAM {fmt.gib(sy.ram_used)}/{fmt.gib(sy.ram_total)}")
@@ -178,6 +179,16 @@ class StatusLine(Panel):
         while len(parts) > 3 and _width(" │ ".join(parts)) > width:
             parts.pop()
         return [" │ ".join(parts)]
+
+
+def _speculation(s: Stats) -> list[str]:
+    """`--speculative`: the accepted share of drafts and tokens per verify step, once drafting."""
+    steps, drafted = s.get("spec_verify_steps") or 0, s.get("spec_draft_tokens") or 0
+    if not steps or not drafted:
+        return []
+    accepted = s.get("spec_accepted_tokens") or 0
+    per_step = (accepted + steps) / steps
+    return [f"spec accept [b]{100 * accepted / drafted:.0f}%[/] {per_step:.1f} tok/step"]
 
 
 def _width(markup: str) -> int:

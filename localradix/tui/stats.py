@@ -25,6 +25,9 @@ ENGINE_NUMBERS = (
     "prompt_tokens_total",
     "generated_tokens_total",
     "retractions",
+    "spec_verify_steps",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
 )

@@ -202,3 +202,15 @@ def test_parsed_stream_splits_reasoning_content_and_calls_and_keeps_the_finish()
 def test_request_structs_still_decode_what_clients_send():
     req = decode(b'{"messages": [{"role": "user", "content": "hi"}]}', ChatCompletionRequest)
     assert req.messages[0].content == "hi" and req.n == 1
+
+
+@pytest.mark.parametrize("given_value", [None, True, False])
+def test_a_request_may_opt_out_of_speculation(given_value: bool | None) -> None:
+    from localradix.server.core.sampling import sampling_params
+
+    body: dict[str, Any] = {"prompt": "x"}
+    if given_value is not None:
+        body["speculative"] = given_value
+    req = decode(json.dumps(body).encode(), CompletionRequest)
+    params = sampling_params(req, 4, None, context=64, vocab=100)
+    assert params.speculative is (given_value is not False)

@@ -42,6 +42,9 @@ def test_metrics_text_is_valid_exposition_format():
         kv_free=70,
         cache_hit_tokens=8,
         cache_miss_tokens=2,
+        spec_verify_steps=3,
+        spec_draft_tokens=12,
+        spec_accepted_tokens=9,
     )
     text = m.render(stats, in_flight=3, engine_alive=True)
     for line in text.strip().splitlines():
@@ -50,6 +53,8 @@ def test_metrics_text_is_valid_exposition_format():
     assert 'localradix_kv_tokens{state="cached"} 20' in text
     assert 'localradix_requests_total{finish_reason="stop"} 1' in text
     assert 'localradix_http_errors_total{status="400"} 1' in text
+    assert "localradix_spec_accepted_tokens_total 9" in text
+    assert "localradix_spec_acceptance_rate 0.75" in text
 
 
 @pytest.mark.parametrize(

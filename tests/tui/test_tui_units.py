@@ -181,3 +181,15 @@ def test_the_tui_never_imports_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "torch" not in out.stdout
+
+
+def test_status_line_shows_speculation_only_once_drafting():
+    from localradix.tui.panels import StatusLine, View
+
+    plain = Stats.parse(snapshot())
+    line = StatusLine().lines(View(stats=plain), 200)[0]
+    assert "spec" not in line
+    snap = snapshot()
+    snap["engine"].update(spec_verify_steps=10, spec_draft_tokens=40, spec_accepted_tokens=30)
+    line = StatusLine().lines(View(stats=Stats.parse(snap)), 200)[0]
+    assert "spec accept [b]75%[/] 4.0 tok/step" in line

@@ -43,6 +43,7 @@ def sampling_params(
         n=req.n,
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens,
+        speculative=req.speculative,
         constraint=constraint,
     )
     check_token_ids(params.stop_token_ids, vocab, "stop_token_ids", "stop token ids")
