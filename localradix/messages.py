@@ -104,6 +104,8 @@ class ModelInfo:
     dtype: str
     kv_total_tokens: int
     architecture: str = ""
+    weight_bytes: int | None = None  # resident weights (quantized ones packed); None: unknown
+    kv_bytes: int | None = None  # what the KV pool reserves; None: unknown
 
 
 # ---- what the engine loop sends back (besides EngineStats snapshots) ------------------------

@@ -55,6 +55,8 @@ class EngineCore:
             dtype=target.dtype,
             kv_total_tokens=self.runner.kv_capacity,
             architecture=config.architecture,
+            weight_bytes=built.runner.weight_bytes,
+            kv_bytes=built.runner.kv_bytes,
         )
         logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
 

@@ -17,6 +17,7 @@ from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
     from localradix.mem.kv_pool import KVPool
+    from localradix.runner.kv_budget import KVBudget
 
 
 class LaunchedStep(Protocol):
@@ -61,6 +62,15 @@ class ModelRunner(ABC):
     # True when the runner samples every row of `ForwardBatch.logit_index` (several positions
     # of a request: speculative verification); else the scheduler decodes plainly.
     verifies: bool = False
+    # Resident bytes of the weights as loaded (quantized ones at their packed size); None when
+    # the runner cannot tell. Shown apart from the KV pool's bytes (ModelInfo, TUI, doctor).
+    weight_bytes: int | None = None
+    kv_budget: KVBudget | None = None  # how the KV pool was sized (None: not by plan_kv_budget)
+
+    @property
+    def kv_bytes(self) -> int | None:
+        """Bytes the KV pool reserves (K and V, every layer), when the budget is known."""
+        return self.kv_budget.bytes if self.kv_budget is not None else None
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:

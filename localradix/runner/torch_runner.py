@@ -41,6 +41,14 @@ def device_event(device: torch.device | str) -> Any:
     return event
 
 
+def resident_bytes(model: Any) -> int | None:
+    """Bytes of a torch model's parameters and buffers (tied ones once); None if not a Module."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.nbytes for t in tensors)
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -61,6 +69,7 @@ class TorchRunner(ModelRunner):
     ) -> None:
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.page_size = args.page_size
+        self.weight_bytes = resident_bytes(model)
         backend_cls = get_attention_backend(attention_backend)
         kv_dtype = kv_dtype or dtype
         if kv_dtype != dtype and not backend_cls.kv_dtype_may_differ:

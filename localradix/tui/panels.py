@@ -7,7 +7,9 @@ that Textual resolves for dark and light themes alike; glyphs differ too, for mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from textual.content import Content
 from textual.markup import escape
@@ -99,6 +101,10 @@ class Banner(Panel):
 
 
 class KvPanel(Panel):
+    def show(self, view: View) -> None:
+        self.border_subtitle = memory_split(view.stats.model)  # on the border: no extra row
+        super().show(view)
+
     def lines(self, view: View, width: int) -> list[str]:
         s = view.stats
         used, cached, free = s.get("kv_used"), s.get("kv_cached"), s.get("kv_free")
@@ -122,6 +128,14 @@ class KvPanel(Panel):
             row(CACHED, "▓", "cached", cached),
             row(FREE, "░", "free", free),
         ]
+
+
+def memory_split(model: Mapping[str, Any]) -> str:
+    """ "weights 110M · KV 720M": the resident weights and the KV pool, apart ("" if unknown)."""
+    weights, kv = model.get("weight_bytes"), model.get("kv_bytes")
+    if fmt.number(weights) is None and fmt.number(kv) is None:
+        return ""  # an older server: say nothing rather than two dashes
+    return f"weights {fmt.gib(weights)} · KV {fmt.gib(kv)}"
 
 
 class HitRatePanel(Panel):

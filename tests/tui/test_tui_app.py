@@ -58,6 +58,18 @@ async def test_panels_render_the_numbers_they_are_given():
     assert "Traceback" not in text
 
 
+async def test_kv_panel_shows_weights_and_kv_memory_apart():
+    app, feed = make_app()
+    async with app.run_test(size=(140, 40)) as pilot:
+        snap = snapshot()
+        snap["model"].update(weight_bytes=110 * 2**20, kv_bytes=720 * 2**20)
+        feed.push(Connected(feed.url, "sse"))
+        feed.push(Snapshot(snap))
+        await settle(pilot)
+        text = screen_text(app)
+    assert "weights 110M · KV 720M" in text, text
+
+
 async def test_missing_keys_render_as_dashes():
     app, feed = make_app()
     async with app.run_test() as pilot:

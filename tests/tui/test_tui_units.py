@@ -193,3 +193,13 @@ def test_status_line_shows_speculation_only_once_drafting():
     snap["engine"].update(spec_verify_steps=10, spec_draft_tokens=40, spec_accepted_tokens=30)
     line = StatusLine().lines(View(stats=Stats.parse(snap)), 200)[0]
     assert "spec accept [b]75%[/] 4.0 tok/step" in line
+
+
+def test_kv_panel_shows_weights_and_kv_memory_apart():
+    from localradix.tui.panels import memory_split
+
+    model = {"weight_bytes": 110 * 2**20, "kv_bytes": 3 * 2**30}
+    assert memory_split(model) == "weights 110M · KV 3.0G"
+    assert memory_split({"weight_bytes": 513 * 2**20}) == "weights 513M · KV –"
+    assert memory_split({}) == ""  # an older server: nothing, not two dashes
+    assert memory_split({"weight_bytes": "lots", "kv_bytes": None}) == ""

@@ -82,6 +82,7 @@ class LlamaCppRunner(ModelRunner):
         llama.llama_backend_init()
         self.model = _load_model(llama, path, gpu=target.device != "cpu")
         self.config = _config(llama, self.model)
+        self.weight_bytes = int(llama.llama_model_size(self.model))  # tensor data, as stored
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
         rows = args.max_running_requests + 2  # the scheduler's request-table rows

@@ -56,6 +56,7 @@ class MLXRunner(ModelRunner):
     ) -> None:
         self.model, self.config, self.device = model, config, device
         self.dtype = model.dtype
+        self.weight_bytes = model.weight_bytes
         shape = KVLayout.for_model(config, _name(self.dtype))
         context_len = args.context_length or config.max_position_embeddings
         available = int(psutil.virtual_memory().available)  # unified memory
