@@ -94,9 +94,32 @@ def collect(
         "backends": [_status_dict(s) for s in statuses],
         "chosen": by_format["gguf"],  # the bundled model's format: what a bare `serve` runs
         "chosen_by_format": by_format,
+        "weights": weights(args, statuses),
         "kv_pool": kv_pool(args),
         "packages": package_versions(),
     }
+
+
+def weights(args: ServerArgs, statuses: list[BackendStatus]) -> dict[str, Any]:
+    """The model's resident weight bytes on each available backend that loads its format."""
+    from localradix.loader import resolve_model
+    from localradix.loader.weight_memory import resident_bytes
+
+    try:
+        source = resolve_model(args.model)
+    except Exception as exc:  # no model: the KV section says so too
+        return {"model": args.model, "error": f"{type(exc).__name__}: {exc}", "backends": {}}
+    sizes: dict[str, dict[str, Any]] = {}
+    for status in (s for s in statuses if s.available):
+        try:
+            choice = choose_backend(status.name, None, source.kind)
+            target = resolve_target(choice, args.replace(backend=status.name, device=None))
+            size = resident_bytes(source.path, source.kind, target.backend, target.dtype,
+                                  args.quantize)  # fmt: skip
+        except Exception:  # a backend that does not load this format or this dtype
+            continue
+        sizes[target.backend] = {"bytes": size, "dtype": target.dtype}
+    return {"model": source.name, "kind": source.kind, "error": None, "backends": sizes}
 
 
 def kv_pool(args: ServerArgs) -> dict[str, Any]:
@@ -115,6 +138,8 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
     free = _free_memory(target.backend, target.device)
     if free is None:
         return {**head, "error": f"sized at start from the free memory of {target.device}"}
+    # The runner sizes its pool once the weights are resident: what is free then.
+    free -= _weight_bytes(source.path, source.kind, target.backend, target.dtype, args.quantize)
     dtype = target.cache_dtype
     shape = KVLayout.for_model(config, dtype)
     context = args.context_length or config.max_position_embeddings
@@ -128,6 +153,15 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
         "line": budget.describe(),
         "error": None,
     }
+
+
+def _weight_bytes(path: Any, kind: str, backend: str, dtype: str, quantize: str) -> int:
+    from localradix.loader.weight_memory import resident_bytes
+
+    try:
+        return resident_bytes(path, kind, backend, dtype, quantize)
+    except Exception:  # unreadable headers: size from the free memory as it is
+        return 0
 
 
 def _free_memory(backend: str, device: str) -> int | None:
@@ -232,11 +266,36 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {label + ':':<22}{_choice_line(report['chosen_by_format'][fmt])}")
     if _llamacpp_missing(report):
         lines.append(f"  {LLAMACPP_HINT}")
+    lines += ["", *_weight_lines(report["weights"])]
     lines += ["", *_kv_lines(report["kv_pool"])]
     lines += ["", "Packages"]
     for name, version in report["packages"].items():
         lines.append(f"  {name:<18} {version or '-'}")
     return "\n".join(lines)
+
+
+def _weight_lines(w: dict[str, Any]) -> list[str]:
+    model = w["model"] or "the bundled model"
+    if w["error"] or not w["backends"]:
+        return [f"Weights of {model}", f"  unknown: {w['error'] or 'no backend loads it'}"]
+    lines = [f"Weights of {model}, resident once loaded (the KV pool gets what is left)"]
+    for backend, size in w["backends"].items():
+        lines.append(f"  {backend:<9}{_mib(size['bytes']):>10}  {_how(backend, w['kind'], size)}")
+    return lines
+
+
+def _how(backend: str, kind: str, size: dict[str, Any]) -> str:
+    if backend == "llamacpp":
+        return "as stored in the file"
+    if backend == "mlx":
+        if kind == "gguf":
+            return "Q4_0/Q4_1/Q8_0 kept quantized, other types re-quantized (--quantize)"
+        return f"quantized checkpoints as stored, else {size['dtype']} (or --quantize N)"
+    return f"dequantized to {size['dtype']}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 10 * 2**30 else f"{n / 2**20:,.0f} MiB"
 
 
 def _kv_lines(pool: dict[str, Any]) -> list[str]:

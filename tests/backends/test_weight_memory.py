@@ -39,6 +39,13 @@ def _runner(backend: str, path, dtype: str = "float32"):
     return runner
 
 
+def _estimate(path, backend: str, dtype: str = "float32") -> int:
+    """What `localradix doctor` predicts from the file alone."""
+    from localradix.loader.weight_memory import resident_bytes
+
+    return resident_bytes(path, "gguf", backend, dtype, "auto")
+
+
 def _close(measured: int | None, expected: float) -> bool:
     return measured is not None and abs(measured - expected) <= 0.1 * expected
 
@@ -49,6 +56,7 @@ def test_torch_reports_the_dequantized_float_weights(bundled, sizes, dtype, item
     expected = sizes[1] * itemsize / 4  # ~513 MiB float32, half of it bfloat16
     assert _close(runner.weight_bytes, expected), (runner.weight_bytes / MiB, expected / MiB)
     assert runner.kv_bytes == runner.kv_budget.bytes == 256 * runner.kv_budget.shape.bytes_per_token
+    assert _close(_estimate(bundled, "cpu", dtype), runner.weight_bytes)
 
 
 @pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
@@ -56,6 +64,7 @@ def test_llamacpp_reports_the_quantized_file_size(bundled, sizes):
     runner = _runner("llamacpp", bundled)
     assert _close(runner.weight_bytes, sizes[0]), (runner.weight_bytes / MiB, sizes[0] / MiB)
     assert runner.kv_bytes == runner.kv_budget.bytes
+    assert _close(_estimate(bundled, "llamacpp", "float16"), runner.weight_bytes)
 
 
 @requires_mlx
@@ -64,6 +73,7 @@ def test_mlx_keeps_the_bundled_gguf_quantized(bundled, sizes):
     assert runner.weight_bytes == runner.model.weight_bytes
     assert _close(runner.weight_bytes, 110 * MiB), runner.weight_bytes / MiB
     assert runner.weight_bytes < 0.25 * sizes[1]  # not the float32 copy
+    assert _close(_estimate(bundled, "mlx"), runner.weight_bytes)
 
 
 def test_model_info_carries_weight_and_kv_bytes(bundled):
@@ -73,3 +83,15 @@ def test_model_info_carries_weight_and_kv_bytes(bundled):
     runner = core.runner
     assert core.info.weight_bytes == runner.weight_bytes and core.info.weight_bytes
     assert core.info.kv_bytes == runner.kv_bytes and core.info.kv_bytes
+
+
+def test_doctor_shows_the_weights_per_backend_apart_from_the_kv_pool(bundled, capsys):
+    from localradix import doctor
+
+    assert doctor.main(["--backend", "cpu", "--max-total-tokens", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "Weights of SmolLM2-135M-Instruct, resident once loaded" in out
+    assert "  cpu         513 MiB  dequantized to float32" in out
+    if HAS_LLAMA_CPP:
+        assert "as stored in the file" in out
+    assert "KV pool for SmolLM2-135M-Instruct on cpu (cpu)" in out
