@@ -43,8 +43,8 @@ class ServerArgs:
         choices=DTYPES,
     )
     quantize: str = _opt(
-        "MLX backend: quantize the float weight matrices at load to N-bit affine (group 64) or "
-        "mxfp4/mxfp8. Quantized checkpoints (MLX folders; GGUF Q4_0/Q4_1/Q8_0) always stay as "
+        "MLX backend (other backends refuse a width): quantize the float weight matrices at "
+        "load to N-bit affine (group 64) or mxfp4/mxfp8. Quantized checkpoints (MLX folders; GGUF Q4_0/Q4_1/Q8_0) always stay as "
         "stored; other GGUF quantized types are re-quantized to the nearest MLX width (auto), "
         "to this one, or kept float16 (off)",
         default="auto",

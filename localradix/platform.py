@@ -85,6 +85,8 @@ class BackendSpec:
     formats: tuple[str, ...] = ("gguf", "hf")  # model formats it loads (`ModelSource.kind`)
     # `--mixed-prefill auto` turns on: a step's cost hardly grows with a few more tokens.
     mixes_decode_into_prefill: bool = False
+    # `--quantize` widths are honoured: float weights are quantized at load (MLX).
+    quantizes_at_load: bool = False
 
     def missing_requirements(self) -> list[str]:
         return [m for m in self.requires if not _module_exists(m)]

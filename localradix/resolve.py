@@ -93,11 +93,24 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
             f"backend {spec.name!r} does not support --page-size {args.page_size}; "
             f"supported: {sizes}"
         )
+    if args.quantize not in (AUTO, "off") and not spec.quantizes_at_load:
+        raise BackendError(
+            f"backend {spec.name!r} cannot honour --quantize {args.quantize}: it keeps the "
+            f"weights as loaded; quantizing at load is supported by {_quantizing_backends()}"
+        )
     kv_dtype = None
     if spec.attention_backend == "torch_native":  # the one kernel that casts K/V on the way
         kv_dtype = default_kv_dtype(args.dtype, dtype)
     device = args.device or availability.device
     return Target(spec.name, device, dtype, spec.attention_backend, kv_dtype)
+
+
+def _quantizing_backends() -> str:
+    """The registered backends that honour `--quantize` widths, e.g. "--backend mlx"."""
+    from localradix.platform import backend_specs
+
+    names = [name for name, spec in backend_specs().items() if spec.quantizes_at_load]
+    return " or ".join(f"--backend {n}" for n in names) or "no installed backend"
 
 
 def overlap_wanted(mode: str, device: str) -> bool:

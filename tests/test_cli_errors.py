@@ -104,3 +104,17 @@ def test_a_checkout_named_localradix_is_detected(tmp_path, monkeypatch, capsys):
     cli.main(["pull-bundled", "--wheel", str(tmp_path / "missing.whl")])
     err = capsys.readouterr().err
     assert f"import the source checkout {clone} as an empty namespace package" in err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "llamacpp"])
+def test_quantize_on_a_backend_that_cannot_is_refused_in_one_line(backend):
+    if backend == "llamacpp" and importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    r = serve(bundled.ensure_bundled(), "--backend", backend, "--quantize", "4")
+    out = r.stdout
+    assert r.returncode == 1, out
+    assert "Traceback" not in out and 'File "' not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("localradix: error:"), out
+    assert f"backend {backend!r} cannot honour --quantize 4" in last
+    assert "--backend mlx" in last  # which backend does

@@ -18,4 +18,5 @@ SPEC = BackendSpec(
     default_dtype="float32",  # off Metal; the probe says bfloat16 on Apple GPUs
     device_types=("gpu", "mps"),
     attention_backend="mlx_paged",
+    quantizes_at_load=True,
 )
