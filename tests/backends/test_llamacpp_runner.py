@@ -156,7 +156,10 @@ def test_aborts_and_eviction_leave_llama_cpp_consistent(model_path, prompts):
 # while batch composition and `seq_cp` sharing leave them bit-identical. So a random workload
 # must match one-at-a-time runs token for token until a near-tie: where the two differ, the
 # reference's token must have been within TIE nats of the one chosen (after that they diverge).
-TIE = 0.25
+# CI once saw 0.31 nats at a flat step (chosen token at p = 0.095) after a retraction, where
+# the request's KV is recomputed as a prefill: llama.cpp's prefill and decode logits differ by
+# up to ~0.1-0.3 nats on this Q4_1 model (8-bit activations). A wrong KV shows as whole nats.
+TIE = 0.5
 
 
 @settings(

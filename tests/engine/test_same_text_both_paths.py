@@ -27,7 +27,9 @@ from server_harness import start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ARGS = {"backend": "cpu", "max_total_tokens": 16384, "max_running_requests": 16}
+# The dtype is pinned: "auto" on a CPU times bf16 against fp32 at start, and under load the two
+# processes can decide differently (then seeded sampling differs; seen in CI).
+ARGS = {"backend": "cpu", "dtype": "float32", "max_total_tokens": 16384, "max_running_requests": 16}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 # (name, request fields shared by both paths); each runs on the chat-templated QUESTION
@@ -51,7 +53,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 def both():
     """(in-process Engine, HTTP server), started fresh; they see the same requests in order."""
     server = start_server(
-        ["--backend", "cpu", "--max-total-tokens", "16384", "--max-running-requests", "16"],
+        ["--backend", "cpu", "--dtype", "float32", "--max-total-tokens", "16384"]
+        + ["--max-running-requests", "16"],
         fake=False,
     )
     try:
