@@ -285,7 +285,8 @@ class ModelCard(Struct, kw_only=True):
     id: str
     object: Literal["model"] = "model"
     created: int
-    owned_by: str = "localradix"
+    owned_by: str = "localradix"  # gateways (smg) treat "sglang"/"vllm" owners as those engines
+    root: str  # the model's path or repository
     max_model_len: int
 
 
