@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 import localradix
 from localradix.config import ServerArgs
-from localradix.server import anthropic, ollama, openai, ops
+from localradix.server import anthropic, infill, ollama, openai, ops
 from localradix.server.core.docs import publish_request_bodies
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
@@ -59,7 +59,7 @@ def create_app(
     v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES])
     on_error = error_handler(APIError.body)
     app = Litestar(
-        route_handlers=[v1, *ops.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],
+        route_handlers=[v1, *ops.ROUTES, *infill.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],
         on_startup=[server.start],
         on_shutdown=[server.stop],
         middleware=[access_middleware(policy, server.metrics.record_error), _counting(server)],

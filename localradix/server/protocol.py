@@ -148,7 +148,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     max_tokens: Count | None = None  # None: the server's --default-max-tokens
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    suffix: Annotated[str, Unsupported] | None = None
+    suffix: str | None = None  # fill-in-the-middle: the text after the completion
     best_of: Annotated[int, Meta(ge=1, le=64)] | None = None
 
 
