@@ -35,6 +35,9 @@ _SPLITS = {
 }
 
 
+FIM_PARTS = ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+
+
 def build_gguf_tokenizer(meta: dict[str, Any]) -> tuple[Tokenizer, dict[str, Any]]:
     """(backend tokenizer, HF-style tokenizer_config dict) for a GGUF's metadata."""
     kind = meta.get("tokenizer.ggml.model")
@@ -153,6 +156,8 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str], add_bos: bool) ->
         "pad_token": token("padding_token_id"),
         "add_bos_token": add_bos,
         "chat_template": meta.get("tokenizer.chat_template"),
+        # Fill-in-the-middle tokens, when the model has them (read by Tokenizer.from_folder).
+        **{f"{part}_token": token(f"{part}_token_id") for part in FIM_PARTS},
     }
 
 

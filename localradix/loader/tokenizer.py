@@ -17,6 +17,9 @@ from tokenizers import Tokenizer as Backend
 from localradix.loader.chat_template import render_chat_template, select_template
 from localradix.loader.source import ModelSource, resolve_model
 
+# A GGUF's `tokenizer.ggml.fim_*_token_id` as tokenizer_config keys (gguf_tokenizer.py).
+FIM_TOKEN_KEYS = tuple(f"fim_{p}_token" for p in ("pre", "suf", "mid", "pad", "rep", "sep"))
+
 
 class Tokenizer:
     def __init__(
@@ -109,7 +112,7 @@ class Tokenizer:
             )
         specials = {
             name: _token_text(config.get(name))
-            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token", *FIM_TOKEN_KEYS)
         }
         eos_ids = _ids(_read_json(folder / "generation_config.json").get("eos_token_id"))
         eos_ids += _ids(_read_json(folder / "config.json").get("eos_token_id"))

@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 import localradix
 from localradix.config import ServerArgs
-from localradix.server import anthropic, ollama, openai, ops
+from localradix.server import anthropic, infill, ollama, openai, ops
 from localradix.server.core.docs import publish_request_bodies
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
@@ -48,6 +48,16 @@ def _counting(server: ServerState) -> Callable[[Any], Any]:
     return middleware
 
 
+def dialect_error_body(path: str, err: APIError) -> Any:
+    """An error in the shape of the dialect that `path` belongs to (for refusals made before
+    routing, which the routers' own exception handlers never see)."""
+    if path == "/api" or path.startswith("/api/"):
+        return ollama.ollama_error(err)
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return anthropic.error_body(err)
+    return err.body()
+
+
 def create_app(
     args: ServerArgs,
     *,
@@ -59,10 +69,13 @@ def create_app(
     v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES])
     on_error = error_handler(APIError.body)
     app = Litestar(
-        route_handlers=[v1, *ops.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],
+        route_handlers=[v1, *ops.ROUTES, *infill.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],
         on_startup=[server.start],
         on_shutdown=[server.stop],
-        middleware=[access_middleware(policy, server.metrics.record_error), _counting(server)],
+        middleware=[
+            access_middleware(policy, server.metrics.record_error, dialect_error_body),
+            _counting(server),
+        ],
         exception_handlers={Exception: on_error, NotAuthorizedException: on_error},
         openapi_config=OpenAPIConfig(
             title="localradix",

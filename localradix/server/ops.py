@@ -1,5 +1,5 @@
 """The operator's routes: health, Prometheus metrics, the stats feed (JSON and SSE, which the
-TUI reads) and flushing the prefix cache."""
+TUI reads), flushing the prefix cache, and the load report a gateway (smg) polls."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from litestar.response import Stream
 from localradix.server.core.docs import AUTH, UNAVAILABLE
 from localradix.server.core.http import ClosingStream, json_response, sse, state
 from localradix.server.errors import APIError, error_response
+from localradix.server.loads import load_report
 from localradix.server.protocol import ErrorResponse
 
 STATS_STREAM_INTERVAL_S = 0.25
@@ -52,6 +53,24 @@ async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
     },
 )
 async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _flush(request)
+
+
+@post(
+    "/flush_cache",
+    summary="Drop every cached prefix (SGLang's and smg's name for /v1/cache/flush)",
+    status_code=200,
+    responses={
+        **AUTH,
+        409: ResponseSpec(ErrorResponse, description="Requests are running"),
+        **UNAVAILABLE,
+    },
+)
+async def flush_cache_smg(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _flush(request)
+
+
+async def _flush(request: Request[Any, Any, Any]) -> Response[Any]:
     server = state(request)
     manager = server.ready_manager()
     if manager.in_flight or not await server.client.flush_cache():
@@ -82,5 +101,16 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-V1_ROUTES = [stats, stats_stream, flush_cache]  # under /v1, beside the OpenAI routes
-ROUTES = [health, metrics]
+@get(
+    "/loads",
+    summary="The engine's load in smg's schema (one data-parallel rank)",
+    responses={**AUTH, **UNAVAILABLE},
+)
+async def loads(request: Request[Any, Any, Any]) -> Response[Any]:
+    server = state(request)
+    server.ready_manager()
+    return json_response(load_report(server))
+
+
+V1_ROUTES = [stats, stats_stream, flush_cache, loads]  # under /v1, beside the OpenAI routes
+ROUTES = [health, metrics, flush_cache_smg]

@@ -148,7 +148,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     max_tokens: Count | None = None  # None: the server's --default-max-tokens
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    suffix: Annotated[str, Unsupported] | None = None
+    suffix: str | None = None  # fill-in-the-middle: the text after the completion
     best_of: Annotated[int, Meta(ge=1, le=64)] | None = None
 
 
@@ -285,7 +285,8 @@ class ModelCard(Struct, kw_only=True):
     id: str
     object: Literal["model"] = "model"
     created: int
-    owned_by: str = "localradix"
+    owned_by: str = "localradix"  # gateways (smg) treat "sglang"/"vllm" owners as those engines
+    root: str  # the model's path or repository
     max_model_len: int
 
 

@@ -181,10 +181,13 @@ def _is_json(content_type: str) -> bool:
 
 
 def access_middleware(
-    policy: AccessPolicy, on_refusal: Callable[[int], None]
+    policy: AccessPolicy,
+    on_refusal: Callable[[int], None],
+    error_body: Callable[[str, APIError], Any] = lambda path, err: err.body(),
 ) -> Callable[[ASGIApp], ASGIApp]:
-    """Litestar middleware: refuse (an OpenAI-shaped error; `on_refusal(status)` counts it),
-    answer an allowed origin's CORS preflight, or pass the request on."""
+    """Litestar middleware: refuse (in the shape `error_body(path, err)` gives the path's
+    dialect; `on_refusal(status)` counts it), answer an allowed origin's CORS preflight, or
+    pass the request on."""
 
     def middleware(app: ASGIApp) -> ASGIApp:
         async def guarded(scope: Any, receive: Any, send: Any) -> None:
@@ -199,7 +202,7 @@ def access_middleware(
                 policy.check(scope, headers)
             except APIError as err:
                 on_refusal(err.status)
-                await _send_json(send, err.status, err.body(), err.headers)
+                await _send_json(send, err.status, error_body(scope["path"], err), err.headers)
                 return
             if origin is not None and scope["method"] == "OPTIONS":
                 if "access-control-request-method" in headers:

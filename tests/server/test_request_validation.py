@@ -160,7 +160,6 @@ INVALID: list[tuple[str, dict]] = [
     (COMPLETION, {"prompt": []}),
     (COMPLETION, {"prompt": [-1]}),
     (COMPLETION, {"prompt": "x", "logprobs": 6}),
-    (COMPLETION, {"prompt": "x", "suffix": "y"}),
     (COMPLETION, {"prompt": "x", "best_of": 0}),
     (COMPLETION, {"prompt": "x", "max_tokens": -1}),
     (COMPLETION, {}),
@@ -171,6 +170,7 @@ CROSS_FIELD: list[tuple[str, dict]] = [
     (CHAT, {"messages": USER, "regex": "a", "ebnf": 'root ::= "a"'}),  # at most one constraint
     (CHAT, {"messages": USER, "stop_token_ids": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "best_of": 3}),  # must equal n
+    (COMPLETION, {"prompt": "x", "suffix": "y"}),  # fill-in-the-middle: this model has no FIM
     (COMPLETION, {"prompt": [1, "a"]}),  # mixes token ids and strings
     (COMPLETION, {"prompt": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "echo": True, "stream": True, "logprobs": 1}),

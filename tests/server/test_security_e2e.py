@@ -58,6 +58,8 @@ ROUTES = [
     ("GET", "/v1/stats", None),
     ("GET", "/v1/stats/stream", None),
     ("POST", "/v1/cache/flush", None),
+    ("POST", "/flush_cache", None),
+    ("GET", "/v1/loads", None),
     ("GET", "/metrics", None),
     ("GET", "/schema/openapi.json", None),
     ("GET", "/schema/swagger", None),

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from localradix.sampling_params import SamplingParams
+from localradix.server.core.fim import fim_prompt, require_fim
 from localradix.server.core.output import tool_setup
 from localradix.server.core.sampling import (
     max_tokens_or_default,
@@ -154,7 +155,10 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
     if req.echo and req.stream and req.logprobs is not None:
         raise bad_request("'echo' with 'logprobs' is not supported when streaming", "echo")
     constraint, constraint_param = request_constraint(req)
-    prompts = await _completion_prompts(manager, req.prompt)
+    if req.suffix:
+        prompts = [await _fim_completion_prompt(manager, req.prompt, req.suffix)]
+    else:
+        prompts = await _completion_prompts(manager, req.prompt)
     for ids in prompts:
         manager.check_prompt(ids, "prompt")
     max_tokens = max_tokens_or_default(manager, req.max_tokens)
@@ -164,6 +168,16 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
     job = manager.submit(prompts, params)
     job.constraint_param = constraint_param
     return job
+
+
+async def _fim_completion_prompt(manager: TokenizerManager, prompt: Any, suffix: str) -> list[int]:
+    """OpenAI's `suffix`: the prompt is the text before the gap, the suffix the text after."""
+    fim = require_fim(manager.tokenizer, "suffix")
+    if not isinstance(prompt, str):
+        raise bad_request(
+            "'suffix' needs 'prompt' as one string (the text before the gap)", "prompt"
+        )
+    return fim_prompt(fim, await encode(manager, prompt), await encode(manager, suffix))
 
 
 async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:

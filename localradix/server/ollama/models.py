@@ -11,6 +11,7 @@ from typing import Any
 from litestar import MediaType, Request, Response, get, head, post
 
 from localradix.server.core.body import decode
+from localradix.server.core.fim import fim_tokens
 from localradix.server.core.http import json_response, state
 from localradix.server.model_facts import ModelFacts, model_facts
 from localradix.server.ollama.protocol import ModelBody
@@ -88,6 +89,8 @@ async def show(request: Request[Any, Any, Any]) -> Response[Any]:
     capabilities = ["completion"]
     if manager.tool_parser is not None:
         capabilities.append("tools")
+    if fim_tokens(manager.tokenizer) is not None:
+        capabilities.append("insert")
     if manager.reasoning_parser is not None:
         capabilities.append("thinking")
     template = getattr(manager.tokenizer, "chat_template", None) or ""

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from localradix.server.core.body import convert
+from localradix.server.core.fim import require_fim
 from localradix.server.core.jobs import served_model
 from localradix.server.errors import bad_request
 from localradix.server.ollama.protocol import ChatBody, GenerateBody, Message, Options, _Request
@@ -128,11 +129,10 @@ def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatCompletionReq
 def generate_request(
     manager: TokenizerManager, body: GenerateBody
 ) -> ChatCompletionRequest | CompletionRequest:
-    """`raw` prompts go to the completion core as they are; others through the chat template."""
+    """`raw` prompts and fill-in-the-middle (`suffix`) go to the completion core; others
+    through the chat template."""
     model = served(manager, body.model)
     _check_common(manager, body, model)
-    if body.suffix:
-        raise bad_request("'suffix' (fill-in-the-middle) is not supported yet", "suffix")
     if body.template:
         raise bad_request(
             "a custom 'template' is not supported: the model's own chat template is used "
@@ -143,7 +143,10 @@ def generate_request(
         raise bad_request("'context' is not supported: send the conversation to /api/chat")
     fields = _sampling(body.options, body.format)
     fields["model"] = model
-    if body.raw:
+    if body.suffix:
+        require_fim(manager.tokenizer, "suffix")  # Ollama's words before the core's
+        fields["suffix"] = body.suffix
+    if body.raw or body.suffix:
         fields["prompt"] = body.prompt
         cleaned = {k: v for k, v in fields.items() if v is not None or k == "max_tokens"}
         return convert(cleaned, CompletionRequest, RENAMES)

@@ -105,7 +105,12 @@ def _model_card(request: Request[Any, Any, Any]) -> ModelCard:
     server = state(request)
     server.ready_manager()
     info = server.client.loaded
-    return ModelCard(id=info.name, created=int(server.started), max_model_len=info.context_length)
+    return ModelCard(
+        id=info.name,
+        created=int(server.started),
+        root=info.path,
+        max_model_len=info.context_length,
+    )
 
 
 ROUTES = [chat_completions, completions, list_models, get_model]

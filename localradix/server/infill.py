@@ -1,0 +1,93 @@
+"""llama.cpp's `POST /infill` (llama.vscode, llama.vim): fill-in-the-middle from
+`input_prefix`, `input_suffix`, the other files `input_extra` and a `prompt` after the middle
+token, laid out as llama.cpp does (see core/fim.py), answered in llama.cpp's /completion shape."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated, Any
+
+from litestar import Request, Response, post
+from msgspec import Meta, Struct
+
+from localradix.server.core.body import convert, decode
+from localradix.server.core.fim import fim_prompt, repo_context, require_fim
+from localradix.server.core.gather import Gathered, answer
+from localradix.server.core.http import state
+from localradix.server.core.jobs import completion_job, encode, served_name
+from localradix.server.errors import bad_request
+from localradix.server.openai.render import usage
+from localradix.server.protocol import CompletionRequest
+
+RENAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty"}
+
+
+class InfillFile(Struct):
+    filename: str = ""
+    text: str = ""
+
+
+class InfillBody(Struct, kw_only=True):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: Annotated[list[InfillFile], Meta(max_length=256)] = []
+    prompt: str = ""  # after the middle token: the start of the middle the user already typed
+    n_predict: int | None = None  # -1: as many as fit
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+
+
+@post("/infill", summary="llama.cpp: fill in the middle (input_prefix, input_suffix)")
+async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = decode(await request.body() or b"{}", InfillBody)
+    manager = state(request).ready_manager()
+    fim = require_fim(manager.tokenizer, "input_suffix")
+    if body.stream:
+        raise bad_request("streaming /infill is not supported yet: send stream: false", "stream")
+    files = [(f.filename, f.text) for f in body.input_extra]
+    ids = fim_prompt(
+        fim,
+        await encode(manager, body.input_prefix),
+        await encode(manager, body.input_suffix),
+        context=repo_context(fim, manager.tokenizer.encode, files),
+        after_middle=await encode(manager, body.prompt) if body.prompt else [],
+    )
+    fields = {
+        "prompt": ids,
+        "max_tokens": body.n_predict
+        if body.n_predict is not None and body.n_predict >= 0
+        else None,
+        "temperature": body.temperature,
+        "top_k": body.top_k,
+        "top_p": body.top_p,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repeat_penalty,
+        "seed": body.seed,
+        "stop": body.stop,
+    }
+    req = convert({k: v for k, v in fields.items() if v is not None}, CompletionRequest, RENAMES)
+    job = await completion_job(manager, req)
+    return await answer(request, job, None, partial(_content, model=served_name(manager)))
+
+
+def _content(gathered: Gathered, model: str) -> dict[str, Any]:
+    """llama.cpp's /completion answer (the fields its editor plugins read)."""
+    counts = usage(gathered.job)
+    return {
+        "content": gathered.text[0],
+        "model": model,
+        "stop": True,
+        "stop_type": "limit" if gathered.finish[0] == "length" else "eos",
+        "tokens_predicted": counts.completion_tokens,
+        "tokens_evaluated": counts.prompt_tokens,
+        "tokens_cached": details.cached_tokens if (details := counts.prompt_tokens_details) else 0,
+    }
+
+
+ROUTES = [infill]
