@@ -79,7 +79,9 @@ def _with_overlap(runner: Any, wanted: bool, args: ServerArgs, backend: str) -> 
     from localradix.runner.overlap import OverlapRunner
 
     logger.info("Overlap scheduling on: batch N+1 is prepared while batch N runs")
-    return OverlapRunner(runner, capacity=4 * (args.max_running_requests + 1))
+    # A step samples one token per request, or k + 1 per verifying request (--speculative).
+    rows_per_request = args.speculative_k + 1 if args.speculative else 1
+    return OverlapRunner(runner, capacity=4 * (args.max_running_requests + 1) * rows_per_request)
 
 
 def _grammar_service(tokenizer: Any, vocab_size: int, args: ServerArgs) -> Any:

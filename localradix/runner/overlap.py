@@ -34,7 +34,7 @@ class LogitsRunner(Protocol):
     device: Any
 
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 [num_reqs, vocab] on the device; `input_ids` already on the device."""
+        """float32 [num_rows, vocab] on the device; `input_ids` already on the device."""
         ...
 
 
@@ -121,9 +121,10 @@ class OverlapRunner(ModelRunner):
     ) -> None:
         self.runner = runner
         self.kv_capacity = runner.kv_capacity
-        # Verify steps would fit (a ring entry per row) but the ring is sized for one token per
-        # request (engine/core.py): speculation waits for a ring sized by --speculative-k.
-        self.verifies = False
+        # A verify step takes a ring entry per row; engine/core.py sizes the ring for k + 1 rows
+        # per request when speculating, so verifying is the inner runner's to say (one that
+        # does not say gives a row per request).
+        self.verifies = bool(getattr(runner, "verifies", False))
         self.futures = FutureTokens(capacity)
         self.ring = torch.zeros(capacity, dtype=torch.long, device=runner.device)
         self.copies = copies if copies is not None else HostCopies(runner.device)

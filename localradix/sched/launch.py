@@ -39,14 +39,15 @@ class InFlight:
     is_prefill: bool
     num_tokens: int
     started: float
+    drafts_next: bool = False  # some request may draft at its next step (`Speculator.may_draft`)
 
     @property
     def needs_host_tokens(self) -> bool:
         """Whether its requests' next step needs these tokens on the host (grammar, penalties,
         drafts: the next drafts continue from the accepted ones)."""
-        return any(len(d) for d in self.drafts) or any(
-            r.grammar is not None or penalized(r) for r in self.reqs
-        )
+        if self.drafts_next or any(len(d) for d in self.drafts):
+            return True
+        return any(r.grammar is not None or penalized(r) for r in self.reqs)
 
 
 @dataclass(eq=False)
@@ -73,8 +74,19 @@ class StepLauncher:
         drafts = [r.draft_ids for r in batch]
         first_rows = fb.last_row - np.array([len(d) for d in drafts], dtype=np.int64)
         samples = [self._advance_kv(req, handle.placeholders, i) for i, req in enumerate(batch)]
+        spec = self.speculator
+        drafts_next = spec is not None and any(spec.may_draft(r) for r in batch)
         return InFlight(
-            batch, epochs, samples, drafts, first_rows, handle, is_prefill, fb.num_tokens, started
+            batch,
+            epochs,
+            samples,
+            drafts,
+            first_rows,
+            handle,
+            is_prefill,
+            fb.num_tokens,
+            started,
+            drafts_next,
         )
 
     def _advance_kv(self, req: Req, placeholders: np.ndarray | None, i: int) -> bool:

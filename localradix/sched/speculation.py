@@ -97,6 +97,14 @@ class Speculator:
         if req.spec is not None:
             req.spec.drafter.append(verdict.tokens(drafts)[:taken].tolist())
 
+    def may_draft(self, req: Req) -> bool:
+        """Whether the request may draft at its next step. Its drafts continue from this step's
+        tokens, so with overlap the next step waits for them (overlap pauses while it drafts)."""
+        if not self.enabled or not req.params.speculative or req.state != ReqState.DECODE:
+            return False
+        off = req.spec is not None and req.spec.adaptive.draft_len == 0
+        return not off and req.remaining_new_tokens > 1
+
     # ---- internals -------------------------------------------------------------------------
 
     def _eligible(self, req: Req) -> bool:

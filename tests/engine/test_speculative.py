@@ -9,6 +9,7 @@ import time
 import pytest
 
 from localradix import Engine, SamplingParams
+from localradix.runner.overlap import OverlapRunner
 
 from .conftest import hf_greedy, random_prompts, token_lists
 
@@ -81,3 +82,28 @@ def test_seeded_sampling_and_opt_out_unchanged(tiny_model):
         assert eng.stats().spec_accepted_tokens > 0
         assert token_lists(eng.generate(prompts, greedy)) == want_greedy
         eng.check_invariants(idle=True)
+
+
+def test_overlap_schedule_verifies_with_the_same_tokens(tiny_model):
+    """The overlap runner verifies too: a verify step's rows each take a ring entry, and the
+    step is read before the next is scheduled (the next drafts follow the accepted tokens)."""
+    folder, hf = tiny_model("llama")
+    prompts = _repeating(11, (12, 20, 7))
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    with Engine(
+        str(folder),
+        dtype="float32",
+        max_total_tokens=4096,
+        max_running_requests=2,  # a small ring: verify rows wrap around it
+        overlap_schedule="on",
+        speculative="ngram",
+        speculative_k=6,
+    ) as engine:
+        assert isinstance(engine.core.runner, OverlapRunner) and engine.core.runner.verifies
+        assert token_lists(engine.generate(prompts, params.replace(speculative=False))) == refs
+        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        assert token_lists(engine.generate(prompts, params)) == refs
+        stats = engine.stats()
+        assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
+        engine.check_invariants(idle=True)

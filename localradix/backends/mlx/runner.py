@@ -1,8 +1,8 @@
 """MLXRunner: the ModelRunner for Apple MLX (Metal on Apple silicon, CPU elsewhere). No torch.
 
 Per step: the ForwardBatch's numpy plan becomes MLX index arrays, the MLX decoder runs the mixed
-extend/decode batch against the paged KV arrays, logits of each request's last token are
-sampled in MLX, and the step ends with one `mx.eval` of the tokens and the KV arrays (so the lazy
+extend/decode batch against the paged KV arrays, the logits of every row of `logit_index` (each
+request's last token, or all k + 1 positions of a draft verify) are sampled in MLX, and the step ends with one `mx.eval` of the tokens and the KV arrays (so the lazy
 graph never grows across steps).
 """
 
@@ -51,6 +51,8 @@ def create_mlx_runner(
 
 
 class MLXRunner(ModelRunner):
+    verifies = True  # `forward` samples every row of `logit_index`
+
     def __init__(
         self, model: MLXDecoderForCausalLM, config: ModelConfig, args: ServerArgs, device: mx.Device
     ) -> None:
