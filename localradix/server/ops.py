@@ -42,15 +42,18 @@ async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
     return ClosingStream(events())
 
 
+FLUSH_RESPONSES = {
+    **AUTH,
+    409: ResponseSpec(ErrorResponse, description="Requests are running"),
+    **UNAVAILABLE,
+}
+
+
 @post(
     "/cache/flush",
     summary="Drop every cached prefix (409 while requests run)",
     status_code=200,
-    responses={
-        **AUTH,
-        409: ResponseSpec(ErrorResponse, description="Requests are running"),
-        **UNAVAILABLE,
-    },
+    responses=FLUSH_RESPONSES,
 )
 async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
     return await _flush(request)
@@ -60,11 +63,7 @@ async def flush_cache(request: Request[Any, Any, Any]) -> Response[Any]:
     "/flush_cache",
     summary="Drop every cached prefix (SGLang's and smg's name for /v1/cache/flush)",
     status_code=200,
-    responses={
-        **AUTH,
-        409: ResponseSpec(ErrorResponse, description="Requests are running"),
-        **UNAVAILABLE,
-    },
+    responses=FLUSH_RESPONSES,
 )
 async def flush_cache_smg(request: Request[Any, Any, Any]) -> Response[Any]:
     return await _flush(request)
