@@ -22,12 +22,24 @@ def _repeating(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
     return [p + p for p in random_prompts(seed, lengths)]
 
 
+def _greedy_case(tiny_model, seed: int, lengths: tuple[int, ...]):
+    """(model folder, repeating prompts, transformers' greedy tokens, greedy params)."""
+    folder, hf = tiny_model("llama")
+    prompts = _repeating(seed, lengths)
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    return folder, prompts, refs, SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+
+
+def _assert_drafts_were_verified(engine: Engine) -> None:
+    stats = engine.stats()
+    assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
+    assert stats.spec_draft_tokens >= stats.spec_accepted_tokens
+    engine.check_invariants(idle=True)  # rejected drafts' slots all went back
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_greedy_matches_transformers_with_drafts_accepted(tiny_model, page_size):
-    folder, hf = tiny_model("llama")
-    prompts = _repeating(11, (12, 20, 7))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    folder, prompts, refs, params = _greedy_case(tiny_model, 11, (12, 20, 7))
     with Engine(
         str(folder),
         dtype="float32",
@@ -41,17 +53,11 @@ def test_greedy_matches_transformers_with_drafts_accepted(tiny_model, page_size)
         # asked again, it is drafted from the tree (once its snapshot refreshes) and accepted.
         time.sleep(1.1)
         assert token_lists(engine.generate(prompts, params)) == refs  # batched, one cached
-        stats = engine.stats()
-        assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
-        assert stats.spec_draft_tokens >= stats.spec_accepted_tokens
-        engine.check_invariants(idle=True)  # rejected drafts' slots all went back
+        _assert_drafts_were_verified(engine)
 
 
 def test_retraction_with_drafts_matches(tiny_model):
-    folder, hf = tiny_model("llama")
-    prompts = _repeating(4, (20, 21, 22, 23, 24, 25))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    folder, prompts, refs, params = _greedy_case(tiny_model, 4, (20, 21, 22, 23, 24, 25))
     with Engine(
         str(folder),
         dtype="float32",
@@ -87,10 +93,7 @@ def test_seeded_sampling_and_opt_out_unchanged(tiny_model):
 def test_overlap_schedule_verifies_with_the_same_tokens(tiny_model):
     """The overlap runner verifies too: a verify step's rows each take a ring entry, and the
     step is read before the next is scheduled (the next drafts follow the accepted tokens)."""
-    folder, hf = tiny_model("llama")
-    prompts = _repeating(11, (12, 20, 7))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    params = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+    folder, prompts, refs, params = _greedy_case(tiny_model, 11, (12, 20, 7))
     with Engine(
         str(folder),
         dtype="float32",
@@ -104,6 +107,4 @@ def test_overlap_schedule_verifies_with_the_same_tokens(tiny_model):
         assert token_lists(engine.generate(prompts, params.replace(speculative=False))) == refs
         time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
         assert token_lists(engine.generate(prompts, params)) == refs
-        stats = engine.stats()
-        assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
-        engine.check_invariants(idle=True)
+        _assert_drafts_were_verified(engine)
