@@ -18,6 +18,24 @@ class ErrorCode(str, Enum):
     INVALID_REQUEST = "invalid_request"  # the engine cannot take it: lengths, token ids, ...
     INVALID_CONSTRAINT = "invalid_constraint"  # the output constraint does not compile
     ENGINE_FAILURE = "engine_failure"  # the engine loop crashed
+    PREFIX_EVICTED = "prefix_evicted"  # `require_cached_tokens` were no longer cached
+
+
+@dataclass(frozen=True)
+class CachePin:
+    """Keep the prompt's first `tokens` tokens cached (never evicted) for `ttl_s` seconds from
+    the request that set it (Anthropic `cache_control`); pinning the same prefix again renews it."""
+
+    tokens: int
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class Embed:
+    """Prefill only and return the pooled last hidden state instead of generating."""
+
+    pooling: str = "last"  # "last" (the last token's state) | "mean" (over the prompt)
+    normalize: bool = True  # L2-normalise the vector
 
 
 @dataclass(frozen=True)
@@ -26,6 +44,11 @@ class GenerateRequest:
     input_ids: tuple[int, ...]
     params: SamplingParams
     extra_key: str | None = None  # radix-cache namespace (tenant / LoRA salt)
+    pins: tuple[CachePin, ...] = ()  # prefixes to keep cached after this request
+    # The first N prompt tokens must already be cached (a continuation served from the radix
+    # cache, e.g. Responses' previous_response_id); else the request ends with PREFIX_EVICTED.
+    require_cached_tokens: int = 0
+    embed: Embed | None = None  # an embedding request (prefill only)
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,7 @@ class RequestOutput:
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None
     error_code: ErrorCode | None = None  # set whenever `error` is
+    embedding: tuple[float, ...] | None = None  # the answer to an `embed` request
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,7 @@ class ModelInfo:
     architecture: str = ""
     weight_bytes: int | None = None  # resident weights (quantized ones packed); None: unknown
     kv_bytes: int | None = None  # what the KV pool reserves; None: unknown
+    pooling: str | None = None  # how the model embeds ("last" | "mean"); None: it cannot
 
 
 # ---- what the engine loop sends back (besides EngineStats snapshots) ------------------------
