@@ -53,6 +53,11 @@ class ServerArgs:
     threads: int | None = _opt(
         "CPU threads for the llamacpp backend (default: the physical core count)", default=None
     )
+    tp: int = _opt(
+        "tensor parallelism: split the model over N ranks (N GPUs with --backend cuda, N "
+        "processes on the CPU); torch backends and Hugging Face safetensors folders only",
+        default=1,
+    )
     # Memory
     max_total_tokens: int | None = _opt(
         "KV pool size in tokens (default: 4 x the context length, at least 16,384, within "

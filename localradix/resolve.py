@@ -98,11 +98,27 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
             f"backend {spec.name!r} cannot honour --quantize {args.quantize}: it keeps the "
             f"weights as loaded; quantizing at load is supported by {_quantizing_backends()}"
         )
+    _check_tp(spec.name, args.tp)
     kv_dtype = None
     if spec.attention_backend == "torch_native":  # the one kernel that casts K/V on the way
         kv_dtype = default_kv_dtype(args.dtype, dtype)
     device = args.device or availability.device
     return Target(spec.name, device, dtype, spec.attention_backend, kv_dtype)
+
+
+# Backends whose runner can split a model over ranks (`localradix.runner.tp`).
+TP_BACKENDS = ("cpu", "cuda")
+
+
+def _check_tp(backend: str, tp: int) -> None:
+    if tp < 1:
+        raise BackendError(f"--tp {tp}: give 1 or more ranks")
+    if tp > 1 and backend not in TP_BACKENDS:
+        raise BackendError(
+            f"backend {backend!r} cannot honour --tp {tp}: tensor parallelism runs on the torch "
+            f"backends ({', '.join('--backend ' + b for b in TP_BACKENDS)}); {backend} runs "
+            "the model on one device"
+        )
 
 
 def _quantizing_backends() -> str:

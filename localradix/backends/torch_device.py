@@ -34,6 +34,11 @@ def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -
     from localradix.loader import resolve_dtype
     from localradix.runner.torch_runner import TorchRunner
 
+    if args.tp > 1:  # one slice per rank: rank 0 here, the others in worker processes
+        from localradix.runner.tp.runner import create_tp_runner
+
+        dtype = resolve_dtype(target.dtype, target.device)
+        return create_tp_runner(args, source, target, target.attention_backend, dtype)
     model, config, dtype = load_torch_model(args, source, target)
     kv_dtype = resolve_dtype(target.cache_dtype)
     runner = TorchRunner(

@@ -60,6 +60,10 @@ class EngineCore:
         )
         logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
 
+    def close(self) -> None:
+        """Stop what the runner started (tensor-parallel workers); the loop calls it last."""
+        self.runner.close()
+
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests run."""
         if not self.scheduler.idle:

@@ -155,6 +155,10 @@ def run_engine(build: Callable[[], Core], transport: Transport) -> bool:
         logger.critical("the engine loop crashed:\n%s", crash)
         transport.send(Fatal(crash.strip().splitlines()[-1]))
         return False
+    finally:
+        close = getattr(core, "close", None)  # test doubles have none
+        if close is not None:
+            close()
     return True
 
 

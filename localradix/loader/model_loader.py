@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from localradix.runner.tp.comm import TPComm
+
 logger = logging.getLogger("localradix.loader")
 
 
@@ -37,14 +39,22 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: torch.device | str = "cpu",
     max_positions: int | None = None,
+    tp: TPComm | None = None,
 ) -> tuple[torch.nn.Module, ModelConfig]:
     """Build the model for `source` on `device` and load its weights (GGUF: via the cache).
 
     `max_positions` bounds the RoPE table (default: the config's max_position_embeddings).
+    With `tp` of several ranks, only this rank's slice is built and read (safetensors only).
+    The config returned is the full model's.
     """
     from localradix.loader.dtype import resolve_dtype
 
     source = _as_source(source)
+    if tp is not None and tp.size > 1 and source.kind != "hf":
+        raise ValueError(
+            f"--tp {tp.size} loads Hugging Face safetensors folders, not GGUF files: give the "
+            "model's folder (or serve the GGUF with --tp 1)"
+        )
     folder, weights = _folder_and_weights(source)
     config = ModelConfig.from_hf_dict(read_config(folder))
     window = config.sliding_window
@@ -56,7 +66,11 @@ def load_model(
             window,
         )
     model_class = get_model_class(config.architecture)
-    model = model_class(config, resolve_dtype(dtype, device), device, max_positions)
+    extra: dict[str, TPComm] = {}
+    if tp is not None and tp.size > 1:
+        weights = _shard_weights(folder, config, tp)
+        extra["tp"] = tp
+    model = model_class(config, resolve_dtype(dtype, device), device, max_positions, **extra)
     model.load_weights(weights)
     return model.eval(), config
 
@@ -72,6 +86,17 @@ def _folder_and_weights(source: ModelSource) -> tuple[Path, Iterator[tuple[str, 
         folder = gc.ensure_gguf_model(source.path)
         return folder, iter_weights(folder)
     return gc.ensure_gguf_tokenizer(source.path), _from_numpy(gc.iter_gguf_weights(source.path))
+
+
+def _shard_weights(
+    folder: Path, config: ModelConfig, tp: TPComm
+) -> Iterator[tuple[str, torch.Tensor]]:
+    from localradix.loader.shard_weights import iter_weight_shards
+    from localradix.runner.tp.shard import Shard
+
+    shard = Shard(tp.rank, tp.size)
+    shard.check(config)
+    return iter_weight_shards(folder, config, shard)
 
 
 def _from_numpy(

@@ -20,6 +20,8 @@ from localradix.models.config import ModelConfig
 from localradix.models.rotary import RotaryTable, apply_rotary
 from localradix.models.weights import WeightLoader
 from localradix.runner.attention import AttentionBackend
+from localradix.runner.tp.comm import SINGLE, TPComm
+from localradix.runner.tp.shard import Shard
 
 
 class _Factory:
@@ -34,9 +36,12 @@ class _Factory:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, new: _Factory) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, new: _Factory, tp: TPComm = SINGLE
+    ) -> None:
         super().__init__()
-        c = config
+        c = config  # this rank's slice under tensor parallelism (its heads and MLP rows)
+        self.tp = tp
         self.layer_id = layer_id
         self.eps = c.rms_norm_eps
         self.hidden_shape = (c.hidden_size,)
@@ -84,14 +89,18 @@ class DecoderLayer(nn.Module):
         o = attn.forward(
             qk[:, : self.num_heads], qk[:, self.num_heads :], v, self.layer_id, self.scale
         )
-        residual = F.linear(o, self.o_weight) + residual
+        residual = self.tp.all_reduce(F.linear(o, self.o_weight)) + residual
         h = F.rms_norm(residual, self.hidden_shape, self.post_norm, self.eps)
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight), residual
+        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight)), residual
 
 
 class DecoderForCausalLM(nn.Module):
-    """forward(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits -> fp32."""
+    """forward(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits -> fp32.
+
+    With `tp` of several ranks, this is one rank's slice (`runner/tp/shard.py`): `config` is
+    the slice's, and each block half ends with an all-reduce.
+    """
 
     def __init__(
         self,
@@ -99,8 +108,14 @@ class DecoderForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         max_positions: int | None = None,
+        tp: TPComm = SINGLE,
     ) -> None:
         super().__init__()
+        shard = Shard(tp.rank, tp.size)
+        self.tp, self.vocab_size, self.vocab_start = tp, config.vocab_size, 0
+        if tp.size > 1:
+            self.vocab_start = shard.vocab_start(config)
+            config = shard.local_config(config)
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -109,7 +124,7 @@ class DecoderForCausalLM(nn.Module):
         new = _Factory(dtype, self.device)
         self.embed_tokens = new(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, new) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, new, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = new(config.hidden_size)
         self.lm_head = None if config.tie_word_embeddings else new(*self.embed_tokens.shape)
@@ -118,7 +133,7 @@ class DecoderForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = self._embed(input_ids)
         cos, sin = self.rotary.lookup(positions)
         residual: torch.Tensor | None = None
         for layer in self.layers:
@@ -126,10 +141,22 @@ class DecoderForCausalLM(nn.Module):
         assert residual is not None  # a model has at least one layer
         return F.rms_norm(x + residual, (self.config.hidden_size,), self.norm, self.eps)
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embed_tokens)
+        # Vocab-parallel: each rank embeds the ids in its rows, zeros elsewhere; the sum is exact.
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.embed_tokens.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
+        return self.tp.all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (usually each request's last token) -> float32 logits [N, vocab]."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        if self.tp.size == 1:
+            return F.linear(hidden, weight).float()
+        logits = self.tp.gather_columns(F.linear(hidden, weight).float())
+        return logits[:, : self.vocab_size]  # the last rank's rows are padded
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

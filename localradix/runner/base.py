@@ -94,3 +94,7 @@ class ModelRunner(ABC):
     def check_kv(self, pool: KVPool) -> None:
         """Assert that the runner's own KV accounting agrees with `pool` (when idle)."""
         return None
+
+    def close(self) -> None:
+        """Release what outlives the runner object (tensor-parallel worker processes)."""
+        return None

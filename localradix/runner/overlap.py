@@ -37,6 +37,8 @@ class LogitsRunner(Protocol):
         """float32 [num_rows, vocab] on the device; `input_ids` already on the device."""
         ...
 
+    def close(self) -> None: ...
+
 
 class FutureTokens:
     """Host bookkeeping of the ring: which ring entries each step's tokens go to.
@@ -146,3 +148,6 @@ class OverlapRunner(ModelRunner):
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         """Synchronous use (no overlap): launch and wait."""
         return self.launch(batch, sampling).result()
+
+    def close(self) -> None:
+        self.runner.close()

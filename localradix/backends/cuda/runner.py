@@ -45,6 +45,12 @@ def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) ->
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
     attention, why = choose_attention(target.attention_backend, target.dtype, has_flashinfer)
     logger.info("CUDA attention: %s (%s)", attention, why)
+    if args.tp > 1:  # NCCL between the ranks; no decode graphs (untested on GPUs so far)
+        from localradix.loader import resolve_dtype
+        from localradix.runner.tp.runner import create_tp_runner
+
+        dtype = resolve_dtype(target.dtype, target.device)
+        return create_tp_runner(args, source, target, attention, dtype)
     return create_device_runner(args, source, target, attention)
 
 

@@ -1,0 +1,147 @@
+"""Rank 0 of a tensor-parallel model: the engine's runner.
+
+It runs beside the scheduler like any `TorchRunner`, holding its own slice of the weights and
+of the KV pool (the same slots on every rank, its share of the KV heads). Each forward first
+sends the step's numpy plan to the worker ranks, which run the same forward on their slices;
+the collectives inside the model line the ranks up, and rank 0 alone gathers the logits and
+samples. Workers load in parallel with rank 0, each reading only its slice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from localradix.runner.torch_runner import TorchRunner
+from localradix.runner.tp import dist as tpdist
+from localradix.runner.tp.ranks import RankDied, Step, WorkerRanks, WorkerSpec
+from localradix.runner.tp.shard import Shard
+from localradix.step import ForwardBatch
+
+if TYPE_CHECKING:
+    from localradix.config import ServerArgs
+    from localradix.loader.source import ModelSource
+    from localradix.platform import Target
+
+logger = logging.getLogger("localradix.runner")
+
+
+def ready_key(rank: int) -> str:
+    return f"localradix/ready/{rank}"
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank `rank`'s device: the same CPU, or the `rank`-th GPU after `device`'s."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return "cpu"
+    return f"{dev.type}:{(dev.index or 0) + rank}"
+
+
+def use_cpu_share(device: str, size: int) -> None:
+    """On a CPU the ranks share the cores: each takes its share of the threads."""
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(max((os.cpu_count() or 1) // size, 1))
+
+
+class TensorParallelRunner(TorchRunner):
+    def __init__(self, *args: Any, ranks: WorkerRanks, comm: tpdist.DistComm, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.ranks, self.comm = ranks, comm
+        self.rank_weight_bytes: tuple[int, ...] = ()  # every rank's, rank 0 first
+        self.store: Any = None  # rank 0 hosts the ranks' TCP store: kept while they run
+
+    @torch.inference_mode()
+    def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        self.ranks.send(Step(batch, input_ids is not None))
+        try:
+            if input_ids is not None:
+                self.comm.broadcast(input_ids.contiguous())
+            return super().logits(batch, input_ids)
+        except RankDied:
+            raise
+        except RuntimeError:  # a collective failed: say which rank died, if one did
+            self.ranks.check()
+            raise
+
+    def close(self) -> None:
+        self.ranks.close()
+        tpdist.leave()
+
+
+def create_tp_runner(
+    args: ServerArgs,
+    source: ModelSource,
+    target: Target,
+    attention: str,
+    dtype: torch.dtype,
+) -> tuple[TensorParallelRunner, Any]:
+    """Start the workers, join them, load rank 0's slice and size the KV pool for every rank."""
+    from localradix.loader import load_model, load_model_config
+
+    size = args.tp
+    if source.kind != "hf":
+        raise ValueError(
+            f"--tp {size} loads Hugging Face safetensors folders, not GGUF files: give the "
+            "model's folder (or serve the GGUF with --tp 1)"
+        )
+    Shard(0, size).check(load_model_config(source))
+    _check_devices(target.device, size)
+    store = tpdist.host_store(size)
+    specs = [
+        WorkerSpec(
+            rank, size, store.port, rank_device(target.device, rank), args, source,
+            target.dtype, target.cache_dtype, attention,
+        )
+        for rank in range(1, size)
+    ]  # fmt: skip
+    ranks = WorkerRanks(specs)
+    try:
+        ranks.wait_for(lambda r: store.check([tpdist.joined_key(r)]), "starting")
+        comm = tpdist.join(store, 0, size, target.device)
+        use_cpu_share(target.device, size)
+        model, config = load_model(
+            source, dtype, target.device, max_positions=args.context_length, tp=comm
+        )
+        from localradix.loader import resolve_dtype
+
+        runner = TensorParallelRunner(
+            model, model.config, _per_rank(args, target.device, size), target.device, dtype,
+            attention, kv_dtype=resolve_dtype(target.cache_dtype), ranks=ranks, comm=comm,
+        )  # fmt: skip
+        ranks.send(runner.kv_capacity)
+        ranks.wait_for(lambda r: store.check([ready_key(r)]), "loading its slice")
+    except BaseException:
+        ranks.close()
+        tpdist.leave()
+        raise
+    workers = tuple(int(store.get(ready_key(r))) for r in range(1, size))
+    runner.rank_weight_bytes = (runner.weight_bytes or 0, *workers)
+    runner.store = store  # kept alive: the workers' store lives in this process
+    logger.info(
+        "Tensor parallel over %d ranks (%s): weights per rank %s MiB",
+        size,
+        tpdist.backend_for(target.device),
+        ", ".join(f"{b / 2**20:.1f}" for b in runner.rank_weight_bytes),
+    )
+    return runner, config
+
+
+def _per_rank(args: ServerArgs, device: str, size: int) -> ServerArgs:
+    """On a CPU the ranks share one memory: each sizes its KV pool from its share of it."""
+    if torch.device(device).type != "cpu" or args.max_total_tokens:
+        return args
+    return args.replace(mem_fraction=args.mem_fraction / size)
+
+
+def _check_devices(device: str, size: int) -> None:
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return
+    first = torch.device(device).index or 0
+    count = int(getattr(torch, kind).device_count())
+    if first + size > count:
+        raise ValueError(f"--tp {size} needs {size} {kind} devices from {device}; {count} seen")

@@ -1,0 +1,107 @@
+"""Which slice of the model a tensor-parallel rank holds (pure Python, no torch).
+
+Attention is split by heads (q/k/v column-parallel, o row-parallel), the MLP by intermediate
+rows (gate/up column-parallel, down row-parallel), the embedding and LM head by vocab rows
+(padded so every rank holds as many). With fewer KV heads than ranks (GQA), each KV head is
+replicated on the ranks whose query heads read it. Norms are replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from localradix.models.config import ModelConfig
+
+_LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+# Per-layer weights split along the output rows ("rows") or input columns ("cols").
+_SPLITS = {
+    "self_attn.q_proj.weight": ("rows", "q"),
+    "self_attn.q_proj.bias": ("rows", "q"),
+    "self_attn.k_proj.weight": ("rows", "kv"),
+    "self_attn.k_proj.bias": ("rows", "kv"),
+    "self_attn.v_proj.weight": ("rows", "kv"),
+    "self_attn.v_proj.bias": ("rows", "kv"),
+    "self_attn.o_proj.weight": ("cols", "q"),
+    "mlp.gate_proj.weight": ("rows", "mlp"),
+    "mlp.up_proj.weight": ("rows", "mlp"),
+    "mlp.down_proj.weight": ("cols", "mlp"),
+}
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class WeightSlice:
+    """Read `start:stop` along `dim` of a checkpoint tensor; pad with zero rows to `rows`."""
+
+    dim: int
+    start: int
+    stop: int
+    rows: int | None = None  # vocab shards: every rank's slice has this many rows
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    size: int
+
+    def check(self, config: ModelConfig) -> None:
+        """Raise ValueError when `config` cannot be split over `size` ranks."""
+        c, n = config, self.size
+        problems = []
+        if c.num_attention_heads % n:
+            problems.append(f"{c.num_attention_heads} attention heads")
+        kv = c.num_key_value_heads
+        if kv % n and n % kv:
+            problems.append(f"{kv} KV heads (need a multiple or a divisor of the ranks)")
+        if c.intermediate_size % n:
+            problems.append(f"an MLP of {c.intermediate_size}")
+        if problems:
+            raise ValueError(f"--tp {n} cannot split {', '.join(problems)} evenly")
+
+    @staticmethod
+    def vocab_rows(vocab_size: int, size: int) -> int:
+        return -(-vocab_size // size)
+
+    def vocab_start(self, config: ModelConfig) -> int:
+        return self.rank * self.vocab_rows(config.vocab_size, self.size)
+
+    def local_config(self, config: ModelConfig) -> ModelConfig:
+        """The config of this rank's slice: its heads, MLP rows and vocab rows."""
+        if self.size == 1:
+            return config
+        self.check(config)
+        return dataclasses.replace(
+            config,
+            num_attention_heads=config.num_attention_heads // self.size,
+            num_key_value_heads=max(config.num_key_value_heads // self.size, 1),
+            intermediate_size=config.intermediate_size // self.size,
+            vocab_size=self.vocab_rows(config.vocab_size, self.size),
+        )
+
+    def weight_slice(self, name: str, config: ModelConfig) -> WeightSlice | None:
+        """The slice of checkpoint tensor `name` this rank holds; None = all of it."""
+        if name in _VOCAB:
+            rows = self.vocab_rows(config.vocab_size, self.size)
+            start = min(self.rank * rows, config.vocab_size)
+            return WeightSlice(0, start, min(start + rows, config.vocab_size), rows)
+        match = _LAYER.fullmatch(name)
+        split = _SPLITS.get(match.group(1)) if match else None
+        if split is None:
+            return None  # norms, rotary factors: replicated
+        axis, what = split
+        start, stop = self._span(what, config)
+        return WeightSlice(0 if axis == "rows" else 1, start, stop)
+
+    def _span(self, what: str, config: ModelConfig) -> tuple[int, int]:
+        c, r, n = config, self.rank, self.size
+        if what == "mlp":
+            per = c.intermediate_size // n
+            return r * per, (r + 1) * per
+        if what == "q":
+            per = c.q_size // n
+            return r * per, (r + 1) * per
+        kv = c.num_key_value_heads
+        first, count = (r * kv // n, kv // n) if kv >= n else (r * kv // n, 1)
+        return first * c.head_dim, (first + count) * c.head_dim
