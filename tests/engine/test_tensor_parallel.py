@@ -52,6 +52,7 @@ def test_alone_batched_cached_and_chunked_match(tiny_model, arch):
     shared = prompts[3]
     prompts += [shared + [7, 8, 9]]
     refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    threads = torch.get_num_threads()
     with _engine(folder, chunked_prefill_size=16) as engine:  # prompts of 17+ come in chunks
         alone = [engine.generate([p], GREEDY)[0].token_ids for p in prompts]
         assert alone == refs
@@ -62,6 +63,7 @@ def test_alone_batched_cached_and_chunked_match(tiny_model, arch):
         runner = engine.core.runner
         assert runner.comm.size == 2 and len(runner.rank_weight_bytes) == 2
         _assert_half_the_weights(folder, runner.rank_weight_bytes)
+    assert torch.get_num_threads() == threads  # rank 0 gave back the cores it shared
 
 
 def test_retraction_with_overlap_matches(tiny_model):

@@ -41,10 +41,16 @@ def rank_device(device: str, rank: int) -> str:
     return f"{dev.type}:{(dev.index or 0) + rank}"
 
 
-def use_cpu_share(device: str, size: int) -> None:
-    """On a CPU the ranks share the cores: each takes its share of the threads."""
-    if torch.device(device).type == "cpu":
+def use_device(device: str, size: int) -> int:
+    """Make `device` this process's own; on a CPU, where the ranks share the cores, take this
+    rank's share of the threads. Returns the thread count before (to restore)."""
+    threads = torch.get_num_threads()
+    kind = torch.device(device).type
+    if kind == "cpu":
         torch.set_num_threads(max((os.cpu_count() or 1) // size, 1))
+    elif kind == "cuda":  # NCCL uses the current device for the group's own work
+        torch.cuda.set_device(torch.device(device))
+    return threads
 
 
 class TensorParallelRunner(TorchRunner):
@@ -53,6 +59,7 @@ class TensorParallelRunner(TorchRunner):
         self.ranks, self.comm = ranks, comm
         self.rank_weight_bytes: tuple[int, ...] = ()  # every rank's, rank 0 first
         self.store: Any = None  # rank 0 hosts the ranks' TCP store: kept while they run
+        self.threads = torch.get_num_threads()  # the engine process's own, restored at close
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,6 +77,7 @@ class TensorParallelRunner(TorchRunner):
     def close(self) -> None:
         self.ranks.close()
         tpdist.leave()
+        torch.set_num_threads(self.threads)
 
 
 def create_tp_runner(
@@ -80,16 +88,8 @@ def create_tp_runner(
     dtype: torch.dtype,
 ) -> tuple[TensorParallelRunner, Any]:
     """Start the workers, join them, load rank 0's slice and size the KV pool for every rank."""
-    from localradix.loader import load_model, load_model_config
-
     size = args.tp
-    if source.kind != "hf":
-        raise ValueError(
-            f"--tp {size} loads Hugging Face safetensors folders, not GGUF files: give the "
-            "model's folder (or serve the GGUF with --tp 1)"
-        )
-    Shard(0, size).check(load_model_config(source))
-    _check_devices(target.device, size)
+    _refuse_unsupported(size, source, target.device)
     store = tpdist.host_store(size)
     specs = [
         WorkerSpec(
@@ -99,28 +99,21 @@ def create_tp_runner(
         for rank in range(1, size)
     ]  # fmt: skip
     ranks = WorkerRanks(specs)
+    threads = use_device(target.device, size)
     try:
         ranks.wait_for(lambda r: store.check([tpdist.joined_key(r)]), "starting")
         comm = tpdist.join(store, 0, size, target.device)
-        use_cpu_share(target.device, size)
-        model, config = load_model(
-            source, dtype, target.device, max_positions=args.context_length, tp=comm
-        )
-        from localradix.loader import resolve_dtype
-
-        runner = TensorParallelRunner(
-            model, model.config, _per_rank(args, target.device, size), target.device, dtype,
-            attention, kv_dtype=resolve_dtype(target.cache_dtype), ranks=ranks, comm=comm,
-        )  # fmt: skip
+        runner, config = _load_rank0(args, source, target, attention, dtype, ranks, comm)
         ranks.send(runner.kv_capacity)
         ranks.wait_for(lambda r: store.check([ready_key(r)]), "loading its slice")
     except BaseException:
         ranks.close()
         tpdist.leave()
+        torch.set_num_threads(threads)
         raise
     workers = tuple(int(store.get(ready_key(r))) for r in range(1, size))
     runner.rank_weight_bytes = (runner.weight_bytes or 0, *workers)
-    runner.store = store  # kept alive: the workers' store lives in this process
+    runner.store, runner.threads = store, threads
     logger.info(
         "Tensor parallel over %d ranks (%s): weights per rank %s MiB",
         size,
@@ -130,14 +123,37 @@ def create_tp_runner(
     return runner, config
 
 
-def _per_rank(args: ServerArgs, device: str, size: int) -> ServerArgs:
-    """On a CPU the ranks share one memory: each sizes its KV pool from its share of it."""
-    if torch.device(device).type != "cpu" or args.max_total_tokens:
-        return args
-    return args.replace(mem_fraction=args.mem_fraction / size)
+def _load_rank0(
+    args: ServerArgs,
+    source: ModelSource,
+    target: Target,
+    attention: str,
+    dtype: torch.dtype,
+    ranks: WorkerRanks,
+    comm: tpdist.DistComm,
+) -> tuple[TensorParallelRunner, Any]:
+    from localradix.loader import load_model, resolve_dtype
+
+    device = target.device
+    model, config = load_model(source, dtype, device, max_positions=args.context_length, tp=comm)
+    kv_dtype = resolve_dtype(target.cache_dtype)
+    runner = TensorParallelRunner(
+        model, model.config, _per_rank(args, device, comm.size), device, dtype, attention,
+        kv_dtype=kv_dtype, ranks=ranks, comm=comm,
+    )  # fmt: skip
+    return runner, config
 
 
-def _check_devices(device: str, size: int) -> None:
+def _refuse_unsupported(size: int, source: ModelSource, device: str) -> None:
+    """Raise before any rank starts: GGUF files, splits that do not divide, too few GPUs."""
+    from localradix.loader import load_model_config
+
+    if source.kind != "hf":
+        raise ValueError(
+            f"--tp {size} loads Hugging Face safetensors folders, not GGUF files: give the "
+            "model's folder (or serve the GGUF with --tp 1)"
+        )
+    Shard(0, size).check(load_model_config(source))
     kind = torch.device(device).type
     if kind == "cpu":
         return
@@ -145,3 +161,10 @@ def _check_devices(device: str, size: int) -> None:
     count = int(getattr(torch, kind).device_count())
     if first + size > count:
         raise ValueError(f"--tp {size} needs {size} {kind} devices from {device}; {count} seen")
+
+
+def _per_rank(args: ServerArgs, device: str, size: int) -> ServerArgs:
+    """On a CPU the ranks share one memory: each sizes its KV pool from its share of it."""
+    if torch.device(device).type != "cpu" or args.max_total_tokens:
+        return args
+    return args.replace(mem_fraction=args.mem_fraction / size)

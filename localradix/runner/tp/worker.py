@@ -17,7 +17,7 @@ import torch
 from localradix.runner.torch_runner import TorchRunner
 from localradix.runner.tp import dist as tpdist
 from localradix.runner.tp.ranks import Step, WorkerSpec
-from localradix.runner.tp.runner import ready_key, use_cpu_share
+from localradix.runner.tp.runner import ready_key, use_device
 
 logger = logging.getLogger("localradix.runner")
 
@@ -30,8 +30,7 @@ def main() -> None:
         format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if torch.device(spec.device).type == "cuda":
-        torch.cuda.set_device(torch.device(spec.device))
+    use_device(spec.device, spec.size)
     store = tpdist.connect_store(spec.port, spec.size)
     comm = tpdist.join(store, spec.rank, spec.size, spec.device)
     try:
@@ -45,7 +44,6 @@ def main() -> None:
 def _load(spec: WorkerSpec, comm: tpdist.DistComm, pipe: IO[bytes]) -> TorchRunner:
     from localradix.loader import load_model, resolve_dtype
 
-    use_cpu_share(spec.device, spec.size)
     dtype = resolve_dtype(spec.dtype)
     model, _ = load_model(
         spec.source, dtype, spec.device, max_positions=spec.args.context_length, tp=comm
