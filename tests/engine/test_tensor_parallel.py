@@ -29,12 +29,13 @@ def _engine(folder: Path, **kw: object) -> Engine:
 
 @pytest.fixture(scope="module")
 def llama_kv1(tmp_path_factory):
-    """A tiny Llama with ONE KV head: at tp=2 both ranks hold (a copy of) it."""
+    """A tiny Llama with ONE KV head (at tp=2 both ranks hold a copy of it) and an odd vocab
+    (rank 1's embedding and LM head rows end in padding)."""
     import transformers
 
     torch.manual_seed(1)
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=515, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=1024,
         eos_token_id=1, bos_token_id=2, initializer_range=0.2, tie_word_embeddings=False,
     )  # fmt: skip
