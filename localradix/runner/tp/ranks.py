@@ -58,10 +58,8 @@ class Step:
 class WorkerRanks:
     def __init__(self, specs: list[WorkerSpec]) -> None:
         root = str(Path(__file__).resolve().parents[3])  # the tree this localradix came from
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-        }
+        path = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         command = [sys.executable, "-m", "localradix.runner.tp.worker"]
         self.procs = [subprocess.Popen(command, stdin=subprocess.PIPE, env=env) for _ in specs]
         self._stop = weakref.finalize(self, _stop_all, list(self.procs))  # also at exit
