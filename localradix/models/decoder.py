@@ -111,9 +111,9 @@ class DecoderForCausalLM(nn.Module):
         tp: TPComm = SINGLE,
     ) -> None:
         super().__init__()
-        shard = Shard(tp.rank, tp.size)
         self.tp, self.vocab_size, self.vocab_start = tp, config.vocab_size, 0
         if tp.size > 1:
+            shard = Shard(tp.rank, tp.size)
             self.vocab_start = shard.vocab_start(config)
             config = shard.local_config(config)
         self.config = config
