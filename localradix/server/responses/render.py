@@ -105,13 +105,14 @@ def call_item(call_id: str, name: str, arguments: str, state: str) -> dict[str, 
 
 
 def output_items(job: Job, parsed: ParsedChatOutput, finish: str | None) -> list[dict[str, Any]]:
-    state = status(finish)
+    """The output items; only the last one can have been cut short (status incomplete)."""
     items = []
     if parsed.reasoning:
-        items.append(reasoning_item(job, parsed.reasoning, state))
+        items.append(reasoning_item(job, parsed.reasoning, "completed"))
     if parsed.content or not parsed.calls:
-        items.append(message_item(job, parsed.content or "", state))
-    items.extend(call_item(c.id, c.name, c.arguments or "{}", state) for c in parsed.calls)
+        items.append(message_item(job, parsed.content or "", "completed"))
+    items.extend(call_item(c.id, c.name, c.arguments or "{}", "completed") for c in parsed.calls)
+    items[-1]["status"] = status(finish)
     return items
 
 
