@@ -15,15 +15,18 @@ from functools import partial
 from typing import Any
 
 from litestar import Request, Response, Router, delete, get, post
+from litestar.openapi import ResponseSpec
 from litestar.types import ControllerRouterHandler
 
 from localradix.messages import ErrorCode
 from localradix.server.core.body import decode
+from localradix.server.core.docs import AUTH, ERRORS
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import closed_on_error, json_response, state
 from localradix.server.core.jobs import chat_job, served_name
 from localradix.server.core.output import output_spec
 from localradix.server.errors import APIError
+from localradix.server.protocol import ErrorResponse
 from localradix.server.responses import render
 from localradix.server.responses.protocol import ResponsesRequest
 from localradix.server.responses.request import RENAMES, chat_request, input_messages
@@ -31,6 +34,7 @@ from localradix.server.responses.store import ResponseStore, StoredResponse
 from localradix.server.responses.stream import response_events
 from localradix.server.tokenizer_manager import Job
 
+NOT_KEPT = {404: ResponseSpec(ErrorResponse, description="No such response is kept"), **AUTH}
 RESEND = "send the whole conversation as input instead of previous_response_id"
 
 
@@ -57,7 +61,12 @@ def _earlier(store: ResponseStore, response_id: str | None) -> StoredResponse | 
     return kept
 
 
-@post("/", summary="Responses API: create a response (SSE when stream: true)", status_code=200)
+@post(
+    "/",
+    summary="Responses API: create a response (SSE when stream: true)",
+    responses=ERRORS,
+    status_code=200,
+)
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ResponsesRequest, RENAMES)
     manager = state(request).ready_manager()
@@ -102,7 +111,7 @@ def _forget(body: dict[str, Any]) -> None:
     """store: false."""
 
 
-@get("/{response_id:str}", summary="Responses API: a kept response")
+@get("/{response_id:str}", summary="Responses API: a kept response", responses=NOT_KEPT)
 async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -> Response[Any]:
     kept = _store(request).get(response_id)
     if kept is None:
@@ -110,7 +119,12 @@ async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -
     return json_response(kept.body)
 
 
-@delete("/{response_id:str}", summary="Responses API: forget a kept response", status_code=200)
+@delete(
+    "/{response_id:str}",
+    summary="Responses API: forget a kept response",
+    responses=NOT_KEPT,
+    status_code=200,
+)
 async def delete_response(request: Request[Any, Any, Any], response_id: str) -> Response[Any]:
     if not _store(request).pop(response_id):
         raise APIError(404, f"no response '{response_id}' is kept here", param="response_id")
