@@ -68,7 +68,7 @@ def status(finish: str | None) -> str:
 
 
 def reasoning_item(job: Job, text: str, state: str) -> dict[str, Any]:
-    content = [{"type": "reasoning_text", "text": text}] if text else []
+    content = [reasoning_part(text)] if text else []
     return {
         "type": "reasoning",
         "id": f"rs_{job.rid}",
@@ -76,6 +76,10 @@ def reasoning_item(job: Job, text: str, state: str) -> dict[str, Any]:
         "content": content,
         "status": state,
     }
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def text_part(text: str) -> dict[str, Any]:

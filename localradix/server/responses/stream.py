@@ -17,11 +17,11 @@ from localradix.server.errors import APIError
 from localradix.server.responses import render
 from localradix.server.tokenizer_manager import Job
 
-# The parts of each item kind: (part type, delta event, done event); calls have none.
+# The text part of each item kind: (its part, its delta event, its done event); calls have none.
 TEXTS = {
-    "message": ("output_text", "response.output_text.delta", "response.output_text.done"),
+    "message": (render.text_part, "response.output_text.delta", "response.output_text.done"),
     "reasoning": (
-        "reasoning_text",
+        render.reasoning_part,
         "response.reasoning_text.delta",
         "response.reasoning_text.done",
     ),
@@ -62,10 +62,7 @@ class _Items:
             self.event("response.output_item.added", {"output_index": len(self.done), "item": item})
         )
         if item["type"] in TEXTS:
-            part = {"type": TEXTS[item["type"]][0], "text": ""}
-            if item["type"] == "message":
-                part = render.text_part("")
-            out.append(self._part("response.content_part.added", part))
+            out.append(self._part("response.content_part.added", TEXTS[item["type"]][0]("")))
         return out
 
     def _part(self, kind: str, part: dict[str, Any]) -> bytes:
@@ -107,7 +104,7 @@ class _Items:
         else:
             done = render.reasoning_item(self.job, self.text, state)
             payload = {**self._where(), "content_index": 0, "text": self.text}
-        part = done["content"][0] if done["content"] else {"type": TEXTS[kind][0], "text": ""}
+        part = done["content"][0] if done["content"] else TEXTS[kind][0]("")
         out = [self.event(TEXTS[kind][2], payload)]
         out.append(self._part("response.content_part.done", part))
         return done, out
