@@ -245,3 +245,18 @@ def test_bad_input_gets_openai_shaped_4xx_and_the_server_stays_healthy(server, m
     long = httpx.post(server.base + "/responses", json={**ok, "max_output_tokens": 0}).json()
     assert "max_output_tokens" in long["error"]["message"]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_without_the_radix_cache_nothing_can_be_continued():
+    """On the fake engine with --disable-radix-cache: a clear 400, not a silent re-prefill."""
+    from server_harness import start_server
+
+    fake = start_server(["--disable-radix-cache"], fake=True)
+    try:
+        client = openai.OpenAI(base_url=fake.base, api_key="unused", max_retries=0)
+        first = client.responses.create(model="fake-model", input="Hi", max_output_tokens=3)
+        assert first.output_text
+        err = _refused(client, "fake-model", first.id)
+        assert "--disable-radix-cache" in err.body["message"]
+    finally:
+        fake.stop()

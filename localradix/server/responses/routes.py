@@ -52,9 +52,13 @@ def _not_found(response_id: str, why: str) -> APIError:
     )
 
 
-def _earlier(store: ResponseStore, response_id: str | None) -> StoredResponse | None:
+def _earlier(
+    store: ResponseStore, response_id: str | None, cache_disabled: bool
+) -> StoredResponse | None:
     if response_id is None:
         return None
+    if cache_disabled:
+        raise _not_found(response_id, "cannot be continued: the server runs --disable-radix-cache")
     kept = store.get(response_id)
     if kept is None:
         raise _not_found(response_id, "is not kept by this server")
@@ -71,7 +75,7 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ResponsesRequest, RENAMES)
     manager = state(request).ready_manager()
     store = _store(request)
-    earlier = _earlier(store, body.previous_response_id)
+    earlier = _earlier(store, body.previous_response_id, manager.args.disable_radix_cache)
     conversation = [*(earlier.conversation if earlier else ()), *input_messages(body.input)]
     model = body.model or served_name(manager)
     req = chat_request(body, model, conversation)
