@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from localradix.config import ServerArgs
+from localradix.messages import ErrorCode
 from localradix.sched.policy import PrefillBudget, order_waiting
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
@@ -42,7 +43,7 @@ class PrefillAdmission:
             if self._try_admit(req, budget) == "stop":
                 break
         admitted = set(map(id, budget.admitted))
-        q.waiting = [r for r in q.waiting if id(r) not in admitted]
+        q.waiting = [r for r in q.waiting if id(r) not in admitted and not r.finished]
         if budget.admitted:
             self.stats.log_prefill(budget.admitted)
         return budget.admitted
@@ -77,6 +78,8 @@ class PrefillAdmission:
         self.slots.match(req)  # fresh: an earlier admission this step may have evicted nodes
         key = req.all_ids
         match = req.prefix_match
+        if not self._has_required_prefix(req, match.matched_len):
+            return "skip"
         # Always compute >= 1 token (for logits), and start on a page boundary.
         page = self.slots.page
         cached = min(match.matched_len, len(key) - 1) // page * page
@@ -101,6 +104,22 @@ class PrefillAdmission:
             self.queues.chunked = req
         budget.take(req, extend, key, finishes_prompt=extend == todo)
         return "ok"
+
+    def _has_required_prefix(self, req: Req, matched: int) -> bool:
+        """A continuation that must be served from the cache (`require_cached_tokens`, whole
+        pages only, as the tree keeps them) fails with PREFIX_EVICTED once the cache lost that
+        prefix, rather than being prefilled again without the client knowing."""
+        page = self.slots.page
+        required = req.require_cached_tokens // page * page
+        if req.cached_tokens >= 0 or matched >= required:  # checked at its first admission
+            return True
+        req.fail(
+            f"only {matched} of the {required} prompt tokens this continuation needs cached are "
+            "still in the radix cache (the rest was evicted); resend the whole input",
+            ErrorCode.PREFIX_EVICTED,
+        )
+        self.queues.touch(req)
+        return False
 
 
 def _start_extend(req: Req, extend: int) -> None:

@@ -32,6 +32,7 @@ class Intake:
             prompt_ids=np.asarray(msg.input_ids, dtype=np.int64),
             params=msg.params,
             extra_key=msg.extra_key,
+            require_cached_tokens=msg.require_cached_tokens,
         )
         error = self._reject_reason(req)
         if error is not None:
@@ -72,6 +73,8 @@ class Intake:
             )
         if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        if not 0 <= req.require_cached_tokens <= n:
+            return f"require_cached_tokens must be in [0, {n}] (the prompt's length)"
         if req.params.constraint is not None and self.grammar is None:
             return "constrained decoding is not available: pip install xgrammar"
         return None

@@ -74,4 +74,5 @@ def _output(req: Req) -> RequestOutput:
         completion_tokens=len(req.output_ids),
         logprobs=logprobs,
         error=req.error,
+        error_code=req.error_code,
     )

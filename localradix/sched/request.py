@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localradix.messages import TokenLogprob
+from localradix.messages import ErrorCode, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)
@@ -32,6 +32,7 @@ class Req:
     prompt_ids: np.ndarray  # int64
     params: SamplingParams
     extra_key: str | None = None
+    require_cached_tokens: int = 0  # GenerateRequest's: this much prompt must be cached
     output_ids: list[int] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
     # KV bookkeeping
@@ -59,6 +60,7 @@ class Req:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     error: str | None = None
+    error_code: ErrorCode | None = None
     retractions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -90,6 +92,6 @@ class Req:
             self.finish_reason = reason
             self.matched_stop = matched
 
-    def fail(self, message: str) -> None:
-        self.error = message
+    def fail(self, message: str, code: ErrorCode | None = None) -> None:
+        self.error, self.error_code = message, code
         self.finish("error")

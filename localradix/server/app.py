@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 import localradix
 from localradix.config import ServerArgs
-from localradix.server import anthropic, infill, ollama, openai, ops
+from localradix.server import anthropic, infill, ollama, openai, ops, responses
 from localradix.server.core.docs import publish_request_bodies
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
@@ -66,7 +66,7 @@ def create_app(
 ) -> Litestar:
     server = ServerState(args, core_factory, tokenizer_factory)
     policy = AccessPolicy.from_args(args, resolve_api_key(args))
-    v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES])
+    v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES, *responses.ROUTES])
     on_error = error_handler(APIError.body)
     app = Litestar(
         route_handlers=[v1, *ops.ROUTES, *infill.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],

@@ -11,6 +11,7 @@ disconnect, cancellation, error) aborts its remaining choices, which frees their
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -103,6 +104,8 @@ class Job:
             error = out.error or "the engine rejected the request"
             if out.error_code is ErrorCode.INVALID_CONSTRAINT:
                 raise APIError(400, error, param=self.constraint_param, code="invalid_grammar")
+            if out.error_code is ErrorCode.PREFIX_EVICTED:
+                raise APIError(400, error, code=ErrorCode.PREFIX_EVICTED.value)
             raise APIError(400, error)
 
     def close(self) -> None:
@@ -200,8 +203,14 @@ class TokenizerManager:
         if problem is not None:
             raise APIError(400, problem.message, param=param, code=problem.code)
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Job:
-        """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full."""
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        require_cached_tokens: int = 0,
+    ) -> Job:
+        """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full.
+        `require_cached_tokens`: see GenerateRequest (the engine fails it PREFIX_EVICTED)."""
         self.check_ready()
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
@@ -213,7 +222,11 @@ class TokenizerManager:
                 headers={"Retry-After": "1"},
             )
         job = Job(self, self.new_rid(), prompts, params)
-        self.client.send(job.tracker.engine_requests())  # no output arrives before we yield
+        requests = [
+            dataclasses.replace(r, require_cached_tokens=require_cached_tokens)
+            for r in job.tracker.engine_requests()
+        ]
+        self.client.send(requests)  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)
         job._unfinished = len(job.choices)

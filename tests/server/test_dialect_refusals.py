@@ -49,7 +49,9 @@ def test_anthropic_paths_refuse_in_anthropics_shape(client, path):
     assert bodies[403]["error"]["type"] == "permission_error"
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/infill", "/flush_cache"])
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/responses", "/infill", "/flush_cache"]
+)
 def test_other_paths_refuse_in_openais_shape(client, path):
     bodies = refusals(client, path)
     assert bodies[401]["error"]["code"] == "invalid_api_key"

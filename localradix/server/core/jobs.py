@@ -109,7 +109,11 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
         raise bad_request(message, "messages") from None
 
 
-async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job:
+async def chat_job(
+    manager: TokenizerManager, req: ChatCompletionRequest, continues: Sequence[int] = ()
+) -> Job:
+    """The request's job; `continues`: an earlier prompt+output this prompt continues (Responses'
+    previous_response_id), whose shared prefix must be served from the radix cache."""
     check_model(manager, req.model)
     constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -130,10 +134,20 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
         ),
         {"max_tokens": param, "logprobs": "top_logprobs"},
     )
-    job = manager.submit([ids], params)
+    job = manager.submit([ids], params, cached_continuation(ids, continues))
     job.constraint_param = constraint_param
     job.output = output
     return job
+
+
+def cached_continuation(ids: Sequence[int], earlier: Sequence[int]) -> int:
+    """How many leading tokens of `ids` the cache holds from `earlier` (a prompt and its
+    output): their common prefix, less the output's last token, whose KV was never computed."""
+    n = min(len(ids), len(earlier) - 1)
+    for i in range(max(n, 0)):
+        if ids[i] != earlier[i]:
+            return i
+    return max(n, 0)
 
 
 def _with_param_name(build: Callable[[], SamplingParams], renames: dict[str, str]) -> Any:

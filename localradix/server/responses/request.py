@@ -1,0 +1,166 @@
+"""Responses requests as OpenAI chat requests for the core: `instructions` -> the system
+message, input items -> messages (function_call -> an assistant's tool_calls,
+function_call_output -> tool messages, reasoning -> reasoning_content), flat function tools and
+tool_choice -> OpenAI's, text.format -> response_format, max_output_tokens -> max_tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localradix.server.core.body import convert
+from localradix.server.errors import bad_request
+from localradix.server.protocol import ChatCompletionRequest
+from localradix.server.responses.protocol import (
+    FunctionChoice,
+    FunctionTool,
+    InputItem,
+    Part,
+    ResponsesRequest,
+    TextConfig,
+)
+
+# OpenAI chat field -> the Responses field it came from (for error messages).
+RENAMES = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}
+TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def _text(content: str | list[Part] | None, where: str) -> str:
+    """Text parts joined; images, files and audio are refused, naming the place."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type not in TEXT_PARTS or part.text is None:
+            raise bad_request(f"{where}[{j}]: only text parts are supported, not '{part.type}'")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message a function_call or reasoning item belongs to: the last message if
+    it is an assistant's still open for calls, else a new one."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant":
+        last = {"role": "assistant", "content": ""}
+        messages.append(last)
+    return last
+
+
+def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
+    """The request's input as chat messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if item.type == "message":
+            role = ROLES.get(item.role or "")
+            if role is None:
+                raise bad_request(
+                    f"{where}.role must be 'user', 'assistant', 'system' or 'developer', "
+                    f"not {item.role!r}",
+                    f"{where}.role",
+                )
+            text = _text(item.content, f"{where}.content")
+            if role == "assistant" and out and out[-1]["role"] == "assistant":
+                if not out[-1].get("tool_calls"):  # after its reasoning item: the same turn
+                    out[-1]["content"] += text
+                    continue
+            out.append({"role": role, "content": text})
+        elif item.type == "function_call":
+            if not item.call_id or not item.name:
+                raise bad_request(f"{where}: a function_call needs 'call_id' and 'name'", where)
+            call = {"name": item.name, "arguments": item.arguments or "{}"}
+            message = _assistant(out)
+            message.setdefault("tool_calls", []).append(
+                {"id": item.call_id, "type": "function", "function": call}
+            )
+        elif item.type == "function_call_output":
+            if not item.call_id:
+                raise bad_request(f"{where}: a function_call_output needs 'call_id'", where)
+            content = _text(item.output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
+        elif item.type == "reasoning":
+            text = _text(item.content, f"{where}.content")
+            if text:
+                message = {"role": "assistant", "content": "", "reasoning_content": text}
+                out.append(message)
+        else:
+            raise bad_request(f"{where}: '{item.type}' items are not supported", f"{where}.type")
+    return out
+
+
+def _tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.type != "function":
+            raise bad_request(
+                f"tools[{i}]: only function tools are supported, not '{tool.type}'", "tools"
+            )
+        if not tool.name:
+            raise bad_request(f"tools[{i}]: a function tool needs 'name'", "tools")
+        schema = tool.parameters or {"type": "object", "properties": {}}
+        function = {"name": tool.name, "description": tool.description or "", "parameters": schema}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: str | FunctionChoice | None) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice  # "auto" | "none" | "required" (anything else: the core's 400)
+    if choice.type == "function" and choice.name:
+        return {"type": "function", "function": {"name": choice.name}}
+    raise bad_request(
+        "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+        "tool_choice",
+    )
+
+
+def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    if fmt.type == "json_schema":
+        if fmt.schema is None:
+            raise bad_request("text.format: json_schema needs 'schema'", "text.format.schema")
+        spec = {"name": fmt.name or "output", "schema": fmt.schema, "strict": fmt.strict}
+        return {
+            "type": "json_schema",
+            "json_schema": {k: v for k, v in spec.items() if v is not None},
+        }
+    raise bad_request(
+        f"text.format.type must be 'text', 'json_object' or 'json_schema', not {fmt.type!r}",
+        "text.format.type",
+    )
+
+
+def chat_request(
+    req: ResponsesRequest, model: str, conversation: list[dict[str, Any]]
+) -> ChatCompletionRequest:
+    """The chat request for `conversation` (the earlier turns and this input, as messages)
+    under this request's instructions, tools and sampling fields."""
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    tools = _tools(req.tools)
+    fields: dict[str, Any] = {
+        "model": model,
+        "messages": system + conversation,
+        "tools": tools,
+        "tool_choice": _tool_choice(req.tool_choice) if tools else None,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "max_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "response_format": _response_format(req.text),
+    }
+    return convert(
+        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    )
