@@ -32,6 +32,7 @@ class Intake:
             prompt_ids=np.asarray(msg.input_ids, dtype=np.int64),
             params=msg.params,
             extra_key=msg.extra_key,
+            pins=msg.pins,
         )
         error = self._reject_reason(req)
         if error is not None:

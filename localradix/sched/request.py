@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localradix.messages import TokenLogprob
+from localradix.messages import CachePin, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)
@@ -32,6 +32,7 @@ class Req:
     prompt_ids: np.ndarray  # int64
     params: SamplingParams
     extra_key: str | None = None
+    pins: tuple[CachePin, ...] = ()  # applied (then cleared) once the prompt is cached
     output_ids: list[int] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
     # KV bookkeeping
