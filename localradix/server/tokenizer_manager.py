@@ -22,7 +22,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
-from localradix.messages import AbortRequest, ErrorCode, RequestOutput
+from localradix.messages import AbortRequest, CachePin, ErrorCode, RequestOutput
 from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
@@ -200,8 +200,14 @@ class TokenizerManager:
         if problem is not None:
             raise APIError(400, problem.message, param=param, code=problem.code)
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Job:
-        """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full."""
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        pins: tuple[CachePin, ...] = (),
+    ) -> Job:
+        """Send `len(prompts) * n` engine requests (each pinning `pins` of its prompt once it is
+        cached); 503 if the engine is gone, 429 when full."""
         self.check_ready()
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
@@ -213,7 +219,7 @@ class TokenizerManager:
                 headers={"Retry-After": "1"},
             )
         job = Job(self, self.new_rid(), prompts, params)
-        self.client.send(job.tracker.engine_requests())  # no output arrives before we yield
+        self.client.send(job.tracker.engine_requests(pins))  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)
         job._unfinished = len(job.choices)

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from localradix.messages import CachePin
 from localradix.sampling_params import SamplingParams
 from localradix.server.core.fim import fim_prompt, require_fim
 from localradix.server.core.output import tool_setup
@@ -109,7 +110,9 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
         raise bad_request(message, "messages") from None
 
 
-async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job:
+async def chat_job(
+    manager: TokenizerManager, req: ChatCompletionRequest, pins: tuple[CachePin, ...] = ()
+) -> Job:
     check_model(manager, req.model)
     constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -130,7 +133,7 @@ async def chat_job(manager: TokenizerManager, req: ChatCompletionRequest) -> Job
         ),
         {"max_tokens": param, "logprobs": "top_logprobs"},
     )
-    job = manager.submit([ids], params)
+    job = manager.submit([ids], params, pins)
     job.constraint_param = constraint_param
     job.output = output
     return job
