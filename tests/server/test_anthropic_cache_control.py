@@ -124,3 +124,26 @@ def test_malformed_or_too_many_breakpoints_are_400s(ac, name):
     bad_type = [{**block, "cache_control": {"type": "persistent"}}]
     with pytest.raises(anthropic.BadRequestError, match="'ephemeral'"):
         ask(ac, name, bad_type)
+
+
+@pytest.fixture(scope="module")
+def llama_ac():
+    """The llama.cpp runner frees cells only on eviction: a pin keeps its cells."""
+    pytest.importorskip("llama_cpp")
+    args = ["--backend", "llamacpp", "--max-total-tokens", str(POOL)]
+    s = start_server(args, fake=False)
+    yield anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=300)
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+def test_llamacpp_keeps_a_pinned_prefix_through_a_flood(llama_ac):
+    name = llama_ac.models.list().data[0].id
+    pinned = ask(llama_ac, name, cached_system(long_text("history"))).usage
+    assert pinned.cache_creation_input_tokens > 150
+    ask(llama_ac, name, long_text("chemistry"))
+    for i in range(4):
+        ask(llama_ac, name, None, content=long_text(f"flood {i}"))
+    later = ask(llama_ac, name, long_text("history"), content="Another question.")
+    assert later.usage.cache_read_input_tokens >= pinned.cache_creation_input_tokens
+    gone = ask(llama_ac, name, long_text("chemistry"), content="Another question.")
+    assert gone.usage.cache_read_input_tokens < 50
