@@ -98,6 +98,22 @@ def test_a_request_larger_than_what_pins_leave_still_runs():
     sched.check_invariants(idle=True)
 
 
+def test_pins_give_way_before_the_last_running_request_is_cut_short():
+    sched, _ = _pinning_scheduler(100)
+    _run(sched, "a", tuple(range(2, 50)), CachePin(48, ttl_s=3600))
+    long = SamplingParams(temperature=0.0, max_new_tokens=60, ignore_eos=True)
+    sched.add_request(GenerateRequest("big", tuple(range(49, 41, -1)), long))  # 8 + 60 > 52
+    outs = []
+    while sched.has_work():
+        outs += [o for o in sched.step() if o.finished]
+        if sched.queues.running:
+            assert sched.retractions == 0
+    [out] = outs
+    assert out.finish_reason == "length" and out.completion_tokens == 60
+    assert not sched.cache.pins
+    sched.check_invariants(idle=True)
+
+
 def test_a_flush_drops_pins():
     sched, _ = _pinning_scheduler(160)
     _run(sched, "a", (*SYSTEM, 44), CachePin(len(SYSTEM), ttl_s=300))
