@@ -202,7 +202,8 @@ class RadixCache:
         """Keep the cached prefix of `key` (whole pages) until `deadline`; return its length.
 
         Pinning a pinned prefix again renews it (the later deadline wins). With `budget`, the
-        pin is clipped to the longest cached prefix that keeps `pinned_size <= budget` (0: none).
+        pin is clipped to the longest cached prefix (whole pages) that keeps `pinned_size <=
+        budget` (0: none).
         """
         if self.disable:
             return 0
@@ -246,7 +247,8 @@ class RadixCache:
         self, last: TreeNode, length: int, budget: int | None
     ) -> tuple[TreeNode, int]:
         """The deepest node on the path root->`last` that a pin may take within `budget`
-        pinned tokens, and its depth (the root and 0 when not even the first node fits)."""
+        pinned tokens (a node the budget ends inside is split there, on a page boundary), and
+        its depth (the root and 0 when nothing fits)."""
         if budget is None:
             return last, length
         path: list[TreeNode] = []
@@ -255,15 +257,16 @@ class RadixCache:
             path.append(node)
             node = node.parent  # type: ignore[assignment]
         covered = self._pinned_paths()
-        pinned = sum(len(n.key) for n in covered)
-        best, best_len, depth = self.root, 0, 0
+        room = budget - sum(len(n.key) for n in covered)
+        best, depth = self.root, 0
         for node in reversed(path):
-            depth += len(node.key)
-            pinned += 0 if node in covered else len(node.key)
-            if pinned > budget:
-                break
-            best, best_len = node, depth
-        return best, best_len
+            size = 0 if node in covered else len(node.key)
+            if size > room:
+                cut = room - room % self.page_size
+                return (self.tree.split(node, cut), depth + cut) if cut > 0 else (best, depth)
+            room -= size
+            best, depth = node, depth + len(node.key)
+        return best, depth
 
     @property
     def evictable_cold_size(self) -> int:

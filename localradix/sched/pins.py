@@ -1,6 +1,7 @@
 """Cache pins (Anthropic cache_control, `GenerateRequest.pins`): applied once a request's prompt
 is in the radix tree (it is inserted as the prefill launches), dropped when their deadline passes,
-and kept within half the KV pool so that pins never starve requests of memory.
+and kept within half the KV pool (and --max-cached-tokens) so that pins never starve requests
+of memory; if a request still could not run, the pins give way.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ PIN_SHARE = 2  # pinned tokens stay within 1 / PIN_SHARE of the KV pool
 class PinKeeper:
     cache: RadixCache
     queues: RequestQueues
+    cached_budget: int | None = None  # --max-cached-tokens (or the runner's idle budget)
     clock: Callable[[], float] = time.monotonic  # deadlines are on this clock
     _warned: bool = field(default=False, init=False)
 
     @property
     def budget(self) -> int:
-        """Most tokens pins may hold."""
-        return self.cache.pool.total // PIN_SHARE
+        """Most tokens pins may hold: half the pool, and no more than the cached-token budget
+        (on llama.cpp every kept cell costs attention time in every step)."""
+        half = self.cache.pool.total // PIN_SHARE
+        return half if self.cached_budget is None else min(half, self.cached_budget)
 
     def apply(self, batch: list[Req]) -> None:
         """Pin the prefixes of the requests in `batch` whose whole prompt is now cached (once)."""
@@ -48,7 +52,8 @@ class PinKeeper:
                 self._warned = True
                 logger.warning(
                     "cache_control: a pin of %d tokens was clipped to %d: pins may hold at "
-                    "most %d tokens (half the KV pool); this is logged once",
+                    "most %d tokens (half the KV pool, within --max-cached-tokens); this is "
+                    "logged once",
                     want,
                     got,
                     self.budget,

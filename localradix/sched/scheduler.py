@@ -109,7 +109,7 @@ class Scheduler:
             vocab_size,
             self.speculator,
         )
-        self.pins = PinKeeper(self.cache, self.queues)
+        self.pins = PinKeeper(self.cache, self.queues, self.cached_budget)
         self.in_flight: InFlight | None = None
 
     @staticmethod

@@ -86,18 +86,27 @@ def test_a_request_lock_under_a_pin_is_told_apart(mem: MemFactory) -> None:
     m.check(idle=True)
 
 
-def test_the_budget_clips_a_pin_at_a_node_boundary(mem: MemFactory) -> None:
+def test_the_budget_clips_a_pin(mem: MemFactory) -> None:
     m = mem(64)
     m.put([*SYSTEM, 1, 2, 3, 4])
     m.put([*SYSTEM, 5, 6, 7, 8])  # nodes: SYSTEM (10), [1, 2, 3, 4], [5, 6, 7, 8]
-    assert m.cache.pin([*SYSTEM, 1, 2, 3, 4], 10.0, budget=12) == len(SYSTEM)
-    assert m.cache.pin([*SYSTEM, 5, 6, 7, 8], 10.0, budget=14) == 14  # SYSTEM already counted
-    assert m.cache.pinned_size == 14
-    assert m.cache.pin([*SYSTEM, 1, 2, 3, 4], 10.0, budget=14) == len(SYSTEM)
+    assert m.cache.pin([*SYSTEM, 1, 2, 3, 4], 10.0, budget=12) == 12  # split inside [1, 2, ..]
+    assert m.cache.pin([*SYSTEM, 5, 6, 7, 8], 10.0, budget=16) == 14  # SYSTEM already counted
+    assert m.cache.pinned_size == 16
+    assert m.cache.pin([*SYSTEM, 1, 2, 3, 4], 10.0, budget=16) == 12  # a renewal fits
     assert m.cache.pin([9, 9, 9], 10.0, budget=100) == 0  # nothing cached: nothing pinned
     m.put([9, 9, 9])
-    assert m.cache.pin([9, 9, 9], 10.0, budget=14) == 0  # refused: over the budget
-    assert m.cache.pinned_size == 14
+    assert m.cache.pin([9, 9, 9], 10.0, budget=16) == 0  # refused: the budget is full
+    assert m.cache.pinned_size == 16
+    m.check(idle=True)
+    m.cache.evict(1000)
+    assert m.keys() == {(*SYSTEM, 1, 2), (*SYSTEM, 5, 6, 7, 8)}
+
+
+def test_a_clipped_pin_splits_on_a_page_boundary(mem: MemFactory) -> None:
+    m = mem(64, page_size=4)
+    m.put(list(range(2, 18)))  # one node of 16 tokens
+    assert m.cache.pin(list(range(2, 18)), 10.0, budget=10) == 8
     m.check(idle=True)
 
 

@@ -120,3 +120,10 @@ def test_a_flush_drops_pins():
     sched.cache.reset()
     sched.check_invariants(idle=True)
     assert sched.stats().kv_pinned == 0 and sched.cache.total_size == 0
+
+
+def test_pins_stay_within_the_cached_token_budget():
+    sched = _scheduler(KVHashRunner(200), ServerArgs(max_total_tokens=200, max_cached_tokens=30))
+    assert sched.pins.budget == 30
+    _run(sched, "a", (*SYSTEM, 44), CachePin(len(SYSTEM), ttl_s=300))
+    assert 0 < sched.stats().kv_pinned <= 30
