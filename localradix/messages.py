@@ -115,6 +115,7 @@ class EngineStats:
     requests: tuple[dict, ...] = field(default=())  # per running request: id, state, counts
     top_prefixes: tuple[dict, ...] = field(default=())  # largest cached prefixes
     recent_misses: tuple[dict, ...] = field(default=())  # where recent prompts diverged
+    kv_pinned: int = 0  # of kv_used: cached tokens pinned by cache_control (even when idle)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.engine.detokenizer import Decoder, IncrementalDetokenizer
-from localradix.messages import ErrorCode, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import CachePin, ErrorCode, GenerateRequest, RequestOutput, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 
@@ -99,7 +99,9 @@ class RequestTracker:
             for i in range(params.n)
         ]
 
-    def engine_requests(self) -> list[GenerateRequest]:
+    def engine_requests(
+        self, pins: tuple[CachePin, ...] = (), require_cached_tokens: int = 0
+    ) -> list[GenerateRequest]:
         """One engine request per choice: the prompt's ids, n = 1 and the fork's own seed."""
         n, seed = self.params.n, self.params.seed
         return [
@@ -107,6 +109,8 @@ class RequestTracker:
                 c.rid,
                 tuple(self.prompts[c.prompt_index]),
                 self.params.replace(n=1, seed=None if seed is None else seed + c.index % n),
+                pins=pins,
+                require_cached_tokens=require_cached_tokens,
             )
             for c in self.choices
         ]

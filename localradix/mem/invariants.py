@@ -28,7 +28,9 @@ def check_invariants(
     - `evictable` / `protected` sizes equal the unlocked / locked tokens; the leaf set is exact;
     - no slot in two places (free list, tree, each `owned` array), none is the dummy or foreign,
       and none leaked: `free + evictable + protected + owned == total`;
-    - `idle` ⇒ nothing is protected.
+    - every pin is on an attached node that holds a lock for it;
+    - `idle` ⇒ nothing is locked by requests (pins stay until their deadline): each node's
+      own locks are its pin's, and the protected tokens are exactly the pinned ones.
     """
     _check_pool(pool)
     tree_slots = _check_tree(cache)
@@ -39,15 +41,30 @@ def check_invariants(
         f"free {pool.available} + evictable {cache.evictable_size} + protected "
         f"{cache.protected_size} + owned {owned_tokens} = {accounted} != total {pool.total}",
     )
-    _require(
-        not idle or cache.protected_size == 0,
-        f"idle, yet {cache.protected_size} tokens are still locked (a lock leaked)",
-    )
+    _check_pins(cache)
+    if idle:
+        _check_idle(cache)
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise AssertionError(message)
+
+
+def _check_pins(cache: RadixCache) -> None:
+    for node in cache.pins:
+        _require(cache.tree.attached(node), f"pinned {node!r} was evicted")
+        _require(node.direct_locks >= 1, f"pinned {node!r} holds no lock for its pin")
+
+
+def _check_idle(cache: RadixCache) -> None:
+    held = [n for n in cache.iter_nodes() if n.direct_locks != (n in cache.pins)]
+    _require(not held, f"idle, yet requests still lock {held[:4]} (a lock leaked)")
+    pinned = cache.pinned_size
+    _require(
+        cache.protected_size == pinned,
+        f"idle, yet {cache.protected_size} tokens are locked and only {pinned} pinned",
+    )
 
 
 def _check_pool(pool: KVPool) -> None:

@@ -7,6 +7,9 @@ Invariants (checked by `check_invariants`):
   namespaces never share a node; deeper children are keyed by the first token/page alone;
 - `node.lock_ref` = locks taken on the node itself (`direct_locks`) + its children's `lock_ref`;
   a node with `lock_ref > 0` is *protected*, else *evictable*; only unlocked leaves are evicted;
+- a *pin* (`pin`, Anthropic's cache_control) is one lock the cache itself holds on a node until
+  a deadline, so pinned tokens are protected; requests' locks and pins are told apart by
+  `pins` (idle: each node's `direct_locks` is 1 if it is pinned, else 0);
 - the tree owns the slots of every node: they are in neither the pool's free list nor a request.
 
 The tree's shape and accounting live in `radix_tree.py`, its node and match types in
@@ -47,6 +50,8 @@ class RadixCache:
         self.disable = disable
         self.policy = get_policy(eviction_policy)
         self.tree = RadixTree(page_size)
+        # Pinned node -> deadline, on the caller's clock (the scheduler's monotonic one).
+        self.pins: dict[TreeNode, float] = {}
         pool.set_evictor(self.evict, lambda: self.tree.evictable)
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -64,6 +69,11 @@ class RadixCache:
     def protected_size(self) -> int:
         """Cached tokens on a locked path (in use by running requests)."""
         return self.tree.protected
+
+    @property
+    def pinned_size(self) -> int:
+        """Cached tokens on a pinned path (protected until their pins expire)."""
+        return sum(len(node.key) for node in self._pinned_paths())
 
     @property
     def total_size(self) -> int:
@@ -180,6 +190,84 @@ class RadixCache:
                 heapq.heappush(heap, (key(parent), parent.id, parent))
         return freed
 
+    # ---- pins ------------------------------------------------------------------------------
+
+    def pin(
+        self,
+        key: Sequence[int] | np.ndarray,
+        deadline: float,
+        extra_key: str | None = None,
+        budget: int | None = None,
+    ) -> int:
+        """Keep the cached prefix of `key` (whole pages) until `deadline`; return its length.
+
+        Pinning a pinned prefix again renews it (the later deadline wins). With `budget`, the
+        pin is clipped to the longest cached prefix (whole pages) that keeps `pinned_size <=
+        budget` (0: none).
+        """
+        if self.disable:
+            return 0
+        match = self.match_prefix(key, extra_key, count_hit=False)
+        node, length = self._within_budget(match.last_node, match.matched_len, budget)
+        if node is self.root:
+            return 0
+        if node in self.pins:
+            self.pins[node] = max(self.pins[node], deadline)
+        else:
+            self.lock(node)
+            self.pins[node] = deadline
+        return length
+
+    def unpin_expired(self, now: float) -> int:
+        """Drop the pins whose deadline is past (their tokens become evictable if no request
+        holds them); return how many were dropped."""
+        expired = [node for node, deadline in self.pins.items() if deadline <= now]
+        for node in expired:
+            del self.pins[node]
+            self.unlock(node)
+        return len(expired)
+
+    def unpin_all(self) -> None:
+        """Drop every pin (a cache flush)."""
+        for node in list(self.pins):
+            del self.pins[node]
+            self.unlock(node)
+
+    def _pinned_paths(self) -> set[TreeNode]:
+        """Every node on a root-to-pin path (root excluded)."""
+        seen: set[TreeNode] = set()
+        for pinned in self.pins:
+            node: TreeNode = pinned
+            while node is not self.root and node not in seen:
+                seen.add(node)
+                node = node.parent  # type: ignore[assignment]  # non-root nodes have a parent
+        return seen
+
+    def _within_budget(
+        self, last: TreeNode, length: int, budget: int | None
+    ) -> tuple[TreeNode, int]:
+        """The deepest node on the path root->`last` that a pin may take within `budget`
+        pinned tokens (a node the budget ends inside is split there, on a page boundary), and
+        its depth (the root and 0 when nothing fits)."""
+        if budget is None:
+            return last, length
+        path: list[TreeNode] = []
+        node = last
+        while node is not self.root:
+            path.append(node)
+            node = node.parent  # type: ignore[assignment]
+        covered = self._pinned_paths()
+        room = budget - sum(len(n.key) for n in covered)
+        best, depth = self.root, 0
+        for node in reversed(path):
+            size = 0 if node in covered else len(node.key)
+            if size > room:
+                cut = room - room % self.page_size
+                return (self.tree.split(node, cut), depth + cut) if cut > 0 else (best, depth)
+            room -= size
+            best, depth = node, depth + len(node.key)
+        return best, depth
+
     @property
     def evictable_cold_size(self) -> int:
         """Tokens that `evict(..., cold_only=True)` can free: unlocked cold leaves and the cold
@@ -195,9 +283,11 @@ class RadixCache:
         return sum(len(node.key) for node in seen)
 
     def reset(self) -> None:
-        """Drop every cached prefix (slots back to the pool)."""
-        if self.tree.protected:
-            raise RuntimeError(f"reset with {self.tree.protected} locked tokens in the cache")
+        """Drop every cached prefix, pinned ones too (slots back to the pool)."""
+        held = [n for n in self.iter_nodes() if n.direct_locks > (n in self.pins)]
+        if held:
+            raise RuntimeError(f"reset while requests hold {len(held)} locked nodes")
+        self.unpin_all()
         values = [node.value for node in self.iter_nodes()]
         if values:
             self.pool.free(np.concatenate(values))

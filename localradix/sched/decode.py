@@ -70,8 +70,13 @@ class DecodePlanner:
         ]
 
     def _retract_one(self) -> None:
-        """Send the request with the fewest generated tokens back to the queue, prefix cached."""
+        """Send the request with the fewest generated tokens back to the queue, prefix cached
+        (the last one left: drop the cache pins first, then stop it where the pool ends)."""
         running = self.queues.running
+        if len(running) == 1 and self.slots.cache.pins:  # pins give way before a request
+            logger.warning("KV cache full: dropping %d cache pins", len(self.slots.cache.pins))
+            self.slots.cache.unpin_all()
+            return
         if len(running) == 1:  # nothing left to retract: stop it where the pool ends
             req = running.pop()
             total = self.slots.pool.total

@@ -33,6 +33,7 @@ class Intake:
             params=msg.params,
             extra_key=msg.extra_key,
             require_cached_tokens=msg.require_cached_tokens,
+            pins=msg.pins,
         )
         error = self._reject_reason(req)
         if error is not None:

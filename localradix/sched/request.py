@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localradix.messages import ErrorCode, TokenLogprob
+from localradix.messages import CachePin, ErrorCode, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)
@@ -33,6 +33,7 @@ class Req:
     params: SamplingParams
     extra_key: str | None = None
     require_cached_tokens: int = 0  # GenerateRequest's: this much prompt must be cached
+    pins: tuple[CachePin, ...] = ()  # applied (then cleared) once the prompt is cached
     output_ids: list[int] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
     # KV bookkeeping

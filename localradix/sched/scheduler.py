@@ -15,6 +15,7 @@ The rooms this loop drives, one file each:
   admission.py     prefill admission: which waiting requests (or chunk) prefill this step
   decode.py        the decode batch, and retraction when KV runs out
   slot_handoff.py  KV slots between a request and the radix tree (claim, reserve, cache, release)
+  pins.py          cache_control pins: applied after prefill, swept when due, within a budget
   launch.py        launch a batch on the runner; read its tokens (with plan.py: the step plan)
   stop_check.py    when a request stops (tokens, length, grammar, stop strings)
   stats.py         counters, meters, logs and the TUI's previews
@@ -38,6 +39,7 @@ from localradix.sched.cache_budget import trim_cache
 from localradix.sched.decode import DecodePlanner
 from localradix.sched.intake import Intake
 from localradix.sched.launch import InFlight, StepLauncher
+from localradix.sched.pins import PinKeeper
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req
 from localradix.sched.slot_handoff import SlotHandoff
@@ -107,6 +109,7 @@ class Scheduler:
             vocab_size,
             self.speculator,
         )
+        self.pins = PinKeeper(self.cache, self.queues, self.cached_budget)
         self.in_flight: InFlight | None = None
 
     @staticmethod
@@ -142,6 +145,7 @@ class Scheduler:
         """Launch one batch (if any) and return every request's new tokens read since the last
         step: this step's own, or with overlap, the previous step's."""
         was_busy = not self.idle
+        self.pins.sweep()
         if self.queues.compiling:
             self.intake.collect_grammars()
         if self.in_flight is not None and self.in_flight.needs_host_tokens:
@@ -150,6 +154,7 @@ class Scheduler:
         if batch:
             trim_cache(self.cache, self.cached_budget)
         launched = self.launcher.launch(batch) if batch else None
+        self.pins.apply(batch)  # the launch cached the prompts' KV
         self._read_in_flight()  # step N's tokens, read while step N+1 runs
         self.in_flight = launched
         if not self.overlap:
@@ -161,6 +166,8 @@ class Scheduler:
     def _schedule(self) -> list[Req]:
         """Prefill has priority; with --mixed-prefill the running requests decode along."""
         batch = self.admission.admit(self.decoding.new_token_ratio)
+        if not batch and self.pins.unstick():
+            batch = self.admission.admit(self.decoding.new_token_ratio)
         if not batch:
             return self.decoding.plan()
         return batch + self.decoding.ride_along() if self.mixed else batch
@@ -173,7 +180,8 @@ class Scheduler:
     # ---- checks and stats ----------------------------------------------------------------
 
     def check_invariants(self, idle: bool = False) -> None:
-        """Pool, tree and requests agree on every slot (DESIGN §3); nothing locked when idle."""
+        """Pool, tree and requests agree on every slot (DESIGN §3); when idle, nothing is
+        locked by requests (pins hold their prefixes until their deadline)."""
         owned = [self.slots.owned(r) for r in self.queues.holders()]
         check_invariants(self.pool, self.cache, idle=idle, owned=owned)
         self.runner.check_kv(self.pool)

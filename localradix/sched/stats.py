@@ -132,6 +132,7 @@ class SchedulerStats:
             requests=tuple(_req_row(r, now) for r in holders + q.waiting[:32]),
             top_prefixes=self._top_prefixes(now),
             recent_misses=tuple(self.recent_misses),
+            kv_pinned=cache.pinned_size,
         )
 
     def _top_prefixes(self, now: float) -> tuple[dict, ...]:

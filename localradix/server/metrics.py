@@ -139,7 +139,9 @@ class ServerMetrics:
         ):
             lines.append(f'{name}{{state="{state}"}} {value}')
         usage = s.kv_used / s.kv_total if s.kv_total else 0.0
-        return lines + _metric("gauge", "kv_usage", "Share of KV held by requests.", usage)
+        lines += _metric("gauge", "kv_usage", "Share of KV held by requests.", usage)
+        pinned_help = "KV tokens pinned by cache_control (counted in used)."
+        return lines + _metric("gauge", "kv_pinned_tokens", pinned_help, s.kv_pinned)
 
     @staticmethod
     def _labelled(name: str, help: str, label: str, values: dict) -> list[str]:

@@ -11,7 +11,6 @@ disconnect, cancellation, error) aborts its remaining choices, which frees their
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import os
@@ -23,7 +22,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
-from localradix.messages import AbortRequest, ErrorCode, RequestOutput
+from localradix.messages import AbortRequest, CachePin, ErrorCode, RequestOutput
 from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
@@ -207,10 +206,12 @@ class TokenizerManager:
         self,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
+        pins: tuple[CachePin, ...] = (),
         require_cached_tokens: int = 0,
     ) -> Job:
-        """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full.
-        `require_cached_tokens`: see GenerateRequest (the engine fails it PREFIX_EVICTED)."""
+        """Send `len(prompts) * n` engine requests (each pinning `pins` of its prompt once it is
+        cached); 503 if the engine is gone, 429 when full. `require_cached_tokens`: see
+        GenerateRequest (the engine fails it PREFIX_EVICTED)."""
         self.check_ready()
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
@@ -222,10 +223,7 @@ class TokenizerManager:
                 headers={"Retry-After": "1"},
             )
         job = Job(self, self.new_rid(), prompts, params)
-        requests = [
-            dataclasses.replace(r, require_cached_tokens=require_cached_tokens)
-            for r in job.tracker.engine_requests()
-        ]
+        requests = job.tracker.engine_requests(pins, require_cached_tokens)
         self.client.send(requests)  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)

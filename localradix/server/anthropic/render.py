@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from localradix.messages import CachePin
 from localradix.parsers.events import ToolCall
+from localradix.server.anthropic.cache_control import creation_tokens
 from localradix.server.core.gather import matched_stop
 from localradix.server.core.output import call_arguments, output_spec
 from localradix.server.errors import APIError
@@ -26,14 +28,16 @@ ERROR_TYPES = {
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}
 
 
-def usage(job: Job) -> dict[str, int]:
-    """Anthropic counts cached input apart: input_tokens + cache_read_input_tokens = prompt."""
+def usage(job: Job, pins: tuple[CachePin, ...] = ()) -> dict[str, int]:
+    """Anthropic counts cached input apart: input_tokens + cache_read_input_tokens +
+    cache_creation_input_tokens (what `pins` newly cached) = prompt."""
     counts = job.usage()
     cached = counts["prompt_tokens_details"]["cached_tokens"]
+    created = creation_tokens(pins, cached)
     return {
-        "input_tokens": counts["prompt_tokens"] - cached,
+        "input_tokens": counts["prompt_tokens"] - cached - created,
         "output_tokens": counts["completion_tokens"],
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
     }
 
@@ -65,7 +69,9 @@ def envelope(job: Job, model: str) -> dict[str, Any]:
     }
 
 
-def message_body(job: Job, model: str, text: str, finish: str | None) -> dict[str, Any]:
+def message_body(
+    job: Job, model: str, text: str, finish: str | None, pins: tuple[CachePin, ...] = ()
+) -> dict[str, Any]:
     parsed = output_spec(job).parse(text)
     content: list[dict[str, Any]] = []
     if parsed.reasoning:
@@ -75,7 +81,7 @@ def message_body(job: Job, model: str, text: str, finish: str | None) -> dict[st
     content.extend(_tool_use(call) for call in parsed.calls)
     reason, sequence = stop(job, finish, bool(parsed.calls))
     body = envelope(job, model)
-    body.update(content=content, stop_reason=reason, stop_sequence=sequence, usage=usage(job))
+    body.update(content=content, stop_reason=reason, stop_sequence=sequence, usage=usage(job, pins))
     return body
 
 

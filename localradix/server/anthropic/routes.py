@@ -3,7 +3,8 @@ coding agents speak (`ANTHROPIC_BASE_URL`), over the request core (see core/).
 
 Messages and blocks become OpenAI chat messages; the output comes back as content blocks,
 streamed as Anthropic's typed SSE events. `usage.cache_read_input_tokens` is what the radix cache
-served. Errors are `{"type": "error", "error": {"type", "message"}}`.
+served; `cache_control` breakpoints pin their prefix in it (cache_control.py), and
+`cache_creation_input_tokens` is what those pins newly cached. Errors are `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from litestar import Request, Response, Router, post
 from litestar.types import ControllerRouterHandler
 
+from localradix.messages import CachePin
+from localradix.server.anthropic.cache_control import breakpoints, cache_pins
 from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from localradix.server.anthropic.render import error_body, message_body
 from localradix.server.anthropic.request import RENAMES, chat_request
@@ -22,6 +25,8 @@ from localradix.server.core.body import decode
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, chat_text, encode
+from localradix.server.protocol import ChatCompletionRequest
+from localradix.server.tokenizer_manager import TokenizerManager
 
 
 @post("/", summary="Anthropic Messages: create a message (SSE when stream: true)", status_code=200)
@@ -29,14 +34,24 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
     manager = state(request).ready_manager()
     req = chat_request(manager, body)
-    job = await chat_job(manager, req)
+    pins = await _pins(manager, body, req)
+    job = await chat_job(manager, req, pins=pins)
     model = str(req.model)
-    events = partial(message_events, job, model) if body.stream else None
-    return await answer(request, job, events, partial(_message, model=model))
+    events = partial(message_events, job, model, pins) if body.stream else None
+    return await answer(request, job, events, partial(_message, model=model, pins=pins))
 
 
-def _message(gathered: Gathered, model: str) -> dict[str, Any]:
-    return message_body(gathered.job, model, gathered.text[0], gathered.finish[0])
+async def _pins(
+    manager: TokenizerManager, body: MessagesRequest, req: ChatCompletionRequest
+) -> tuple[CachePin, ...]:
+    marks = breakpoints(body)
+    if not marks:
+        return ()
+    return await cache_pins(manager, marks, await encode(manager, chat_text(manager, req)))
+
+
+def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict[str, Any]:
+    return message_body(gathered.job, model, gathered.text[0], gathered.finish[0], pins)
 
 
 @post(

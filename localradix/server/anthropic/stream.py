@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from localradix.messages import CachePin
 from localradix.parsers.events import ContentDelta, ToolCallDelta
 from localradix.parsers.output_parser import ReasoningContentDelta
 from localradix.server.anthropic.render import envelope, error_body, stop, usage
@@ -73,7 +74,9 @@ class _Blocks:
         return out
 
 
-async def message_events(job: Job, model: str) -> AsyncIterator[bytes]:
+async def message_events(
+    job: Job, model: str, pins: tuple[CachePin, ...] = ()
+) -> AsyncIterator[bytes]:
     """message_start, content blocks (start, ping, deltas, stop), message_delta, message_stop."""
     blocks = _Blocks()
     stream = ParsedStream(job)
@@ -95,7 +98,7 @@ async def message_events(job: Job, model: str) -> AsyncIterator[bytes]:
             yield chunk
         reason, sequence = stop(job, stream.finish, blocks.called)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        yield _event("message_delta", {"delta": delta, "usage": usage(job)})
+        yield _event("message_delta", {"delta": delta, "usage": usage(job, pins)})
         yield _event("message_stop", {})
     finally:
         job.close()

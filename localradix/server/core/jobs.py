@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from localradix.messages import CachePin
 from localradix.sampling_params import SamplingParams
 from localradix.server.core.fim import fim_prompt, require_fim
 from localradix.server.core.output import tool_setup
@@ -110,10 +111,14 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
 
 
 async def chat_job(
-    manager: TokenizerManager, req: ChatCompletionRequest, continues: Sequence[int] = ()
+    manager: TokenizerManager,
+    req: ChatCompletionRequest,
+    continues: Sequence[int] = (),
+    pins: tuple[CachePin, ...] = (),
 ) -> Job:
     """The request's job; `continues`: an earlier prompt+output this prompt continues (Responses'
-    previous_response_id), whose shared prefix must be served from the radix cache."""
+    previous_response_id), whose shared prefix must be served from the radix cache; `pins`:
+    prefixes to keep cached (Anthropic cache_control)."""
     check_model(manager, req.model)
     constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -134,7 +139,7 @@ async def chat_job(
         ),
         {"max_tokens": param, "logprobs": "top_logprobs"},
     )
-    job = manager.submit([ids], params, cached_continuation(ids, continues))
+    job = manager.submit([ids], params, pins, cached_continuation(ids, continues))
     job.constraint_param = constraint_param
     job.output = output
     return job

@@ -79,7 +79,7 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     conversation = [*(earlier.conversation if earlier else ()), *input_messages(body.input)]
     model = body.model or served_name(manager)
     req = chat_request(body, model, conversation)
-    job = await chat_job(manager, req, earlier.token_ids if earlier else ())
+    job = await chat_job(manager, req, continues=earlier.token_ids if earlier else ())
     fields = render.echo(body, model)
     keep = partial(_keep, store, job, conversation) if body.store else _forget
     try:
