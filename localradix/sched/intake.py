@@ -23,6 +23,7 @@ class Intake:
     context_len: int
     vocab_size: int
     grammar: GrammarBackend | None
+    embeds: bool = False  # the runner pools hidden states (embedding requests)
 
     def add(self, msg: GenerateRequest) -> None:
         """Queue a new request (or report why not); clamp its max_new_tokens to the context."""
@@ -32,6 +33,7 @@ class Intake:
             prompt_ids=np.asarray(msg.input_ids, dtype=np.int64),
             params=msg.params,
             extra_key=msg.extra_key,
+            embed=msg.embed,
         )
         error = self._reject_reason(req)
         if error is not None:
@@ -72,6 +74,10 @@ class Intake:
             )
         if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        if req.embed is not None and not self.embeds:
+            return "this backend cannot embed; serve the model with the torch backend"
+        if req.embed is not None and req.embed.pooling not in ("last", "mean"):
+            return f"unknown pooling {req.embed.pooling!r}: use 'last' or 'mean'"
         if req.params.constraint is not None and self.grammar is None:
             return "constrained decoding is not available: pip install xgrammar"
         return None
