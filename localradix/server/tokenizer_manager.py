@@ -22,7 +22,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
-from localradix.messages import AbortRequest, ErrorCode, RequestOutput
+from localradix.messages import AbortRequest, Embed, ErrorCode, RequestOutput
 from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
@@ -41,6 +41,7 @@ class Job:
         rid: str,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
+        embed: Embed | None = None,
     ) -> None:
         self.manager = manager
         self.rid = rid
@@ -48,7 +49,7 @@ class Job:
         self.params = params
         self.created = int(time.time())
         self.start = time.monotonic()
-        self.tracker = RequestTracker(rid, prompts, params, manager.tokenizer)
+        self.tracker = RequestTracker(rid, prompts, params, manager.tokenizer, embed)
         self.choices: list[Choice] = self.tracker.choices
         self._events: deque[tuple[Choice, RequestOutput | None]] = deque()
         self._wake = asyncio.Event()
@@ -200,8 +201,11 @@ class TokenizerManager:
         if problem is not None:
             raise APIError(400, problem.message, param=param, code=problem.code)
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Job:
-        """Send `len(prompts) * n` engine requests; 503 if the engine is gone, 429 when full."""
+    def submit(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, embed: Embed | None = None
+    ) -> Job:
+        """Send `len(prompts) * n` engine requests (embedding ones with `embed`); 503 if the
+        engine is gone, 429 when full."""
         self.check_ready()
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
@@ -212,7 +216,7 @@ class TokenizerManager:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": "1"},
             )
-        job = Job(self, self.new_rid(), prompts, params)
+        job = Job(self, self.new_rid(), prompts, params, embed)
         self.client.send(job.tracker.engine_requests())  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)

@@ -16,6 +16,8 @@ from localradix.server.core.jobs import chat_job, completion_job, served_name
 from localradix.server.errors import APIError
 from localradix.server.openai.chat import chat_response, chat_stream
 from localradix.server.openai.completion import completion_response, completion_stream
+from localradix.server.openai.embeddings import REQUEST_BODIES as EMBEDDING_BODIES
+from localradix.server.openai.embeddings import embeddings
 from localradix.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -29,6 +31,7 @@ from localradix.server.protocol import (
 REQUEST_BODIES: dict[str, type] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    **EMBEDDING_BODIES,
 }
 
 
@@ -113,4 +116,4 @@ def _model_card(request: Request[Any, Any, Any]) -> ModelCard:
     )
 
 
-ROUTES = [chat_completions, completions, list_models, get_model]
+ROUTES = [chat_completions, completions, embeddings, list_models, get_model]
