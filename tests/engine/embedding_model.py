@@ -1,6 +1,6 @@
 """A tiny random-weight Qwen3 embedding model saved as Qwen3-Embedding is: config naming the
-bare `Qwen3Model`, safetensors without `lm_head`, a tokenizer, sentence-transformers pooling
-files. Shared by the engine and the server tests."""
+bare `Qwen3Model`, safetensors without `lm_head`, a tokenizer that appends its EOS ("w1", id 1)
+to every text, sentence-transformers pooling files. Shared by the engine and server tests."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def save_embedding_model(folder: Path, pooling: str = "last", normalize: bool = 
     """Save the model to `folder` and return the transformers `Qwen3Model` (fp32, eval)."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     torch.manual_seed(0)
     config = transformers.Qwen3Config(
@@ -33,6 +33,8 @@ def save_embedding_model(folder: Path, pooling: str = "last", normalize: bool = 
     model.save_pretrained(folder)
     tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Qwen3-Embedding's tokenizer appends its EOS to every text: the token it pools.
+    tok.post_processor = processors.TemplateProcessing(single="$A w1", special_tokens=[("w1", 1)])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w1"}))
     modules = [

@@ -21,7 +21,8 @@ TEXTS = ["w5 w6 w7", "w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20", "w300"]
 
 
 def _ids(text: str) -> list[int]:
-    return [int(w[1:]) for w in text.split()]  # the word-level tokenizer: "wN" is id N
+    """The word-level tokenizer: "wN" is id N, and the EOS (id 1) ends every text."""
+    return [int(w[1:]) for w in text.split()] + [1]
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,11 @@ def test_openai_sdk_embeddings_match_transformers(embed_server):
     assert out.usage.prompt_tokens == out.usage.total_tokens == total
     floats = client.embeddings.create(model=model, input=TEXTS[0], encoding_format="float")
     _close(floats.data[0].embedding, _ref(hf, TEXTS[0]))
-    by_ids = client.embeddings.create(model=model, input=[_ids(t) for t in TEXTS[:2]])
-    _close(by_ids.data[1].embedding, _ref(hf, TEXTS[1]))
-    one_list = client.embeddings.create(model=model, input=_ids(TEXTS[2]))
-    _close(one_list.data[0].embedding, _ref(hf, TEXTS[2]))
+    by_ids = client.embeddings.create(model=model, input=[[5, 6], [9, 10, 11]])  # as given
+    _close(by_ids.data[1].embedding, reference_embedding(hf, [9, 10, 11], "last", True))
+    one_list = client.embeddings.create(model=model, input=[300, 301])
+    _close(one_list.data[0].embedding, reference_embedding(hf, [300, 301], "last", True))
+    assert one_list.usage.prompt_tokens == 2
 
 
 def test_dimensions_truncate_and_renormalise(embed_server):
