@@ -48,7 +48,11 @@ def test_alone_batched_and_chunked_match_transformers(model):
         assert engine.info.pooling == pooling
         for prompt, ref in zip(PROMPTS, refs):  # one at a time
             _close(engine.embed(prompt)[0], ref)
+        hits = engine.stats().cache_hit_tokens
         _close(engine.embed(PROMPTS), refs)  # batched; every prompt is cached by now
+        # A last-token embedding reuses its cached prompt; a mean-pooled one needs every state.
+        reused = engine.stats().cache_hit_tokens - hits
+        assert reused == (sum(len(p) - 1 for p in PROMPTS) if pooling == "last" else 0)
         engine.check_invariants(idle=True)
     with Engine(
         str(folder),

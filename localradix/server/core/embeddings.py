@@ -21,7 +21,7 @@ from localradix.engine.tracker import EMBED_PARAMS
 from localradix.messages import Embed
 from localradix.server.core.gather import gather
 from localradix.server.core.jobs import LONG_TEXT_CHARS, MAX_PROMPTS
-from localradix.server.errors import bad_request
+from localradix.server.errors import APIError, bad_request
 from localradix.server.tokenizer_manager import TokenizerManager
 
 # Said to a client that asks a generation model for embeddings.
@@ -77,7 +77,8 @@ async def embed(
     if gathered is None:
         return None
     vectors = [list(c.final.embedding) for c in job.choices if c.final and c.final.embedding]
-    assert len(vectors) == len(prompts), "every finished embedding request carries its vector"
+    if len(vectors) != len(prompts):  # aborted in the engine (it is shutting down)
+        raise APIError(503, "the engine ended an embedding request early; retry")
     seconds = time.monotonic() - job.start
     return Embedded(vectors, sum(map(len, prompts)), seconds)
 

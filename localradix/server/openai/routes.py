@@ -1,4 +1,5 @@
-"""The OpenAI routes under /v1: chat and text completions (JSON or SSE) and the model list."""
+"""The OpenAI routes under /v1: chat and text completions (JSON or SSE), embeddings
+(openai/embeddings.py) and the model list."""
 
 from __future__ import annotations
 
