@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_prompts
+from conftest import random_prompts, requires_mlx
 from embedding_model import reference_embedding, save_embedding_model
 
 from localradix import Engine
@@ -63,6 +63,17 @@ def test_alone_batched_and_chunked_match_transformers(model):
     ) as chunked:
         _close(chunked.embed(PROMPTS), refs)
         chunked.check_invariants(idle=True)
+
+
+@requires_mlx
+def test_the_mlx_runner_embeds_as_transformers_does(model):
+    folder, _, _ = model
+    with Engine(
+        str(folder), backend="mlx", dtype="float32", max_total_tokens=2048, chunked_prefill_size=8
+    ) as engine:
+        _close(engine.embed(PROMPTS), _refs(model))
+        _close(engine.embed(PROMPTS), _refs(model))  # cached (last) or not (mean)
+        engine.check_invariants(idle=True)
 
 
 def test_embedding_rows_share_a_step_with_generation(model):
