@@ -104,6 +104,10 @@ def test_ollama_client_embed_and_embeddings(embed_server):
     legacy = oc.embeddings(model=model, prompt=TEXTS[1])
     _close(legacy.embedding, _ref(hf, TEXTS[1]))
     assert oc.show(model).capabilities == ["embedding"]
+    r = httpx.post(server.url + "/api/embed", json={"model": model, "input": []}, timeout=30)
+    assert r.status_code == 200 and r.json()["embeddings"] == []  # as Ollama: only loads
+    r = httpx.post(server.url + "/api/embed", json={"model": model, "input": "w5", "dimensions": 0})
+    assert r.status_code == 400 and "dimensions" in r.json()["error"]
 
 
 def test_ollama_truncate_cuts_an_overlong_input_unless_told_not_to(embed_server):

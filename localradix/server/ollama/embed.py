@@ -40,16 +40,17 @@ async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
     keep_alive_seconds(body.keep_alive)  # validated, as the other routes do
     how = model_embed(manager)
     inputs = [body.input] if isinstance(body.input, str) else body.input
+    if not any(inputs):  # Ollama: nothing to embed only loads the model
+        return json_response({"model": model, "embeddings": []})
     prompts = await input_ids(manager, inputs, "input", body.truncate)
     done = await embed(request, manager, prompts, how)
     if done is None:
         return client_gone_response()
-    nanos = int(done.seconds * 1e9)
     return json_response(
         {
             "model": model,
             "embeddings": [shortened(v, body.dimensions) for v in done.vectors],
-            "total_duration": nanos,
+            "total_duration": int(done.seconds * 1e9),
             "load_duration": 0,
             "prompt_eval_count": done.prompt_tokens,
         }
