@@ -207,6 +207,14 @@ class TokenizerManager:
         """Send `len(prompts) * n` engine requests (embedding ones with `embed`); 503 if the
         engine is gone, 429 when full."""
         self.check_ready()
+        info = self.client.loaded
+        if embed is None and info.pooling is not None:
+            raise APIError(
+                400,
+                f"'{info.name}' is an embedding model: it cannot generate text; ask "
+                "/v1/embeddings (or Ollama's /api/embed) for its vectors",
+                param="model",
+            )
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
             raise APIError(

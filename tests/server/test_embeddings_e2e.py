@@ -120,3 +120,13 @@ def test_ollama_truncate_cuts_an_overlong_input_unless_told_not_to(embed_server)
     with pytest.raises(ollama.ResponseError) as err:
         oc.embed(model=model, input=long, truncate=False)
     assert err.value.status_code == 400 and "context length" in err.value.error
+
+
+def test_an_embedding_model_does_not_generate(embed_server):
+    server, _ = embed_server
+    r = httpx.post(server.base + "/completions", json={"prompt": "w5", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"], r.text
+    oc = ollama.Client(host=server.url)
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.generate(model=oc.list().models[0].model, prompt="w5", raw=True)
+    assert err.value.status_code == 400 and "cannot generate" in err.value.error
