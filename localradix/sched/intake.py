@@ -75,7 +75,7 @@ class Intake:
         if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
         if req.embed is not None and not self.embeds:
-            return "this backend cannot embed; serve the model with the torch backend"
+            return "this backend cannot embed; serve the model with the torch or MLX backend"
         if req.embed is not None and req.embed.pooling not in ("last", "mean"):
             return f"unknown pooling {req.embed.pooling!r}: use 'last' or 'mean'"
         if req.params.constraint is not None and self.grammar is None:

@@ -35,7 +35,7 @@ def model_embed(manager: TokenizerManager, param: str = "model") -> Embed:
         raise bad_request(
             f"'{info.name}' cannot embed: it is a text generation model without an embedding "
             f"pooling (or runs on a backend that cannot return hidden states); serve "
-            f"{EMBEDDING_MODELS} with the torch backend to use embeddings",
+            f"{EMBEDDING_MODELS} with the torch or MLX backend to use embeddings",
             param,
             "model_not_embedding",
         )
