@@ -132,6 +132,7 @@ class ModelInfo:
     weight_bytes: int | None = None  # resident weights (quantized ones packed); None: unknown
     kv_bytes: int | None = None  # what the KV pool reserves; None: unknown
     pooling: str | None = None  # how the model embeds ("last" | "mean"); None: it cannot
+    embed_normalize: bool = True  # whether its embeddings are L2-normalised (with `pooling`)
 
 
 # ---- what the engine loop sends back (besides EngineStats snapshots) ------------------------

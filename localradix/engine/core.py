@@ -20,6 +20,7 @@ logger = logging.getLogger("localradix.engine")
 class EngineCore:
     def __init__(self, args: ServerArgs) -> None:
         from localradix.loader import load_tokenizer, resolve_model
+        from localradix.loader.embedding import embedding_head
         from localradix.platform import build_runner
 
         started = time.monotonic()
@@ -45,6 +46,7 @@ class EngineCore:
         self.step = self.scheduler.step
         self.has_work = self.scheduler.has_work
         self.stats = self.scheduler.stats
+        head = embedding_head(source) if self.runner.embeds else None
         self.info = ModelInfo(
             name=args.served_model_name or source.name,
             path=str(source.path),
@@ -57,6 +59,8 @@ class EngineCore:
             architecture=config.architecture,
             weight_bytes=built.runner.weight_bytes,
             kv_bytes=built.runner.kv_bytes,
+            pooling=head.pooling if head is not None else None,
+            embed_normalize=head.normalize if head is not None else True,
         )
         logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
 

@@ -20,11 +20,18 @@ from typing import Any
 
 from localradix.config import ServerArgs
 from localradix.engine.loop import CoreCall, run_engine
-from localradix.engine.tracker import Choice, Delta, RequestTracker, error_output
+from localradix.engine.tracker import (
+    EMBED_PARAMS,
+    Choice,
+    Delta,
+    RequestTracker,
+    error_output,
+)
 from localradix.engine.transport import QueueTransport
 from localradix.limits import RequestLimits
 from localradix.messages import (
     AbortRequest,
+    Embed,
     EngineEvent,
     ErrorCode,
     Fatal,
@@ -105,6 +112,7 @@ class Engine:
         self.core: EngineCore = self._call(lambda core: core)
         self.tokenizer = self.core.tokenizer
         self.limits = RequestLimits.of(loaded.info)
+        self.info = loaded.info
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -116,9 +124,37 @@ class Engine:
         """Generate for one or many prompts; blocks until all are done. n > 1 adds forks."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
+        return [_result(c) for t in self._run(prompt_list, param_list) for c in t.choices]
+
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[list[float]]:
+        """The embedding of each prompt (text is tokenized with the tokenizer's special tokens,
+        as sentence-transformers does), pooled as the model says (`ModelInfo.pooling`)."""
+        if self.info.pooling is None:
+            raise ValueError(f"{self.info.name} is not an embedding model: it cannot embed")
+        embed = Embed(self.info.pooling, self.info.embed_normalize)
+        prompt_list = [
+            self.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p
+            for p in _as_prompt_list(prompts)
+        ]
+        params = [EMBED_PARAMS] * len(prompt_list)
+        vectors = []
+        for tracker in self._run(prompt_list, params, embed):
+            final = tracker.choices[0].final
+            if final is None or final.embedding is None:
+                raise ValueError(final.error if final and final.error else "no embedding came")
+            vectors.append(list(final.embedding))
+        return vectors
+
+    def _run(
+        self,
+        prompt_list: list[Prompt],
+        param_list: list[SamplingParams],
+        embed: Embed | None = None,
+    ) -> list[RequestTracker]:
+        """Send every prompt's requests in one go and wait until all are done."""
         arrived: queue.Queue[tuple[RequestTracker, Choice, RequestOutput]] = queue.Queue()
         tracked = [
-            self._track(prompt, p, lambda t, c: lambda out: arrived.put((t, c, out)))
+            self._track(prompt, p, lambda t, c: lambda out: arrived.put((t, c, out)), embed)
             for prompt, p in zip(prompt_list, param_list)
         ]
         self._send([req for _, requests in tracked for req in requests])  # forks in one step
@@ -132,7 +168,7 @@ class Engine:
                 unfinished -= 1
         for tracker, choice, out in received:
             tracker.apply(choice, out, Delta(choice.index))
-        return [_result(c) for t in trackers for c in t.choices]
+        return trackers
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams | None = None
@@ -207,6 +243,7 @@ class Engine:
         prompt: Prompt,
         params: SamplingParams,
         listener_for: Callable[[RequestTracker, Choice], Listener],
+        embed: Embed | None = None,
     ) -> tuple[RequestTracker, list[GenerateRequest]]:
         """Track one prompt's request and listen for its choices; the caller sends the engine
         requests. A prompt the engine cannot take gets none: its choices end at once, with the
@@ -214,7 +251,8 @@ class Engine:
         self._check_alive()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         ids = [int(t) for t in ids]
-        tracker = RequestTracker(f"engine-{next(self._ids)}", [ids], params, self.tokenizer)
+        rid = f"engine-{next(self._ids)}"
+        tracker = RequestTracker(rid, [ids], params, self.tokenizer, embed)
         problem = self.limits.prompt_problem(ids)
         for choice in tracker.choices:
             listener = listener_for(tracker, choice)

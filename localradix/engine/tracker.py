@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localradix.engine.detokenizer import Decoder, IncrementalDetokenizer
-from localradix.messages import CachePin, ErrorCode, GenerateRequest, RequestOutput, TokenLogprob
+from localradix.messages import (
+    CachePin,
+    Embed,
+    ErrorCode,
+    GenerateRequest,
+    RequestOutput,
+    TokenLogprob,
+)
 from localradix.sampling_params import SamplingParams
 
 
@@ -72,6 +79,10 @@ def api_finish_reason(engine_reason: str | None) -> str:
     return engine_reason if engine_reason in ("stop", "length") else "abort"
 
 
+# What an embedding request samples: nothing it keeps (it ends after its prefill).
+EMBED_PARAMS = SamplingParams(max_new_tokens=1, temperature=0.0)
+
+
 def error_output(rid: str, message: str, code: ErrorCode) -> RequestOutput:
     """A request that ends in an error before (or without) generating anything."""
     return RequestOutput(rid, (), True, "error", error=message, error_code=code)
@@ -84,10 +95,12 @@ class RequestTracker:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         tokenizer: Decoder,
+        embed: Embed | None = None,  # embedding requests: each choice's answer is a vector
     ) -> None:
         self.rid = rid
         self.prompts = prompts
         self.params = params
+        self.embed = embed
         self.choices = [
             Choice(
                 p * params.n + i,
@@ -111,6 +124,7 @@ class RequestTracker:
                 self.params.replace(n=1, seed=None if seed is None else seed + c.index % n),
                 pins=pins,
                 require_cached_tokens=require_cached_tokens,
+                embed=self.embed,
             )
             for c in self.choices
         ]

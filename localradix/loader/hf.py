@@ -40,6 +40,17 @@ def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()
 
 
+def weight_names(folder: Path) -> set[str]:
+    """Names of the tensors in the folder's safetensors files (headers only, no data)."""
+    names: set[str] = set()
+    for path in _safetensors_files(Path(folder)):
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            names.update(json.loads(f.read(header_len)))
+    names.discard("__metadata__")
+    return names
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     """The shards a `model.safetensors.index.json` lists, else every *.safetensors file."""
     index = folder / "model.safetensors.index.json"

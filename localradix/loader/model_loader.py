@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localradix.loader.embedding import is_bare_model
 from localradix.loader.hf import read_config
 from localradix.loader.source import ModelSource, resolve_model
 from localradix.models.config import ModelConfig
@@ -57,6 +59,8 @@ def load_model(
         )
     folder, weights = _folder_and_weights(source)
     config = ModelConfig.from_hf_dict(read_config(folder))
+    if source.kind == "hf" and is_bare_model(folder):  # an embedding model: no head to load
+        config = dataclasses.replace(config, tie_word_embeddings=True)
     window = config.sliding_window
     if window is not None and window < (max_positions or config.max_position_embeddings):
         logger.warning(

@@ -15,6 +15,11 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "MistralForCausalLM": _DECODER,
         "Qwen2ForCausalLM": _DECODER,
         "Qwen3ForCausalLM": _DECODER,
+        # Bare decoders (embedding models such as Qwen3-Embedding): the same stack, no head.
+        "LlamaModel": _DECODER,
+        "MistralModel": _DECODER,
+        "Qwen2Model": _DECODER,
+        "Qwen3Model": _DECODER,
     },
 )
 

@@ -27,6 +27,8 @@ class WeightLoader:
     def load(self, name: str, tensor: torch.Tensor) -> None:
         if name.endswith(_IGNORED_SUFFIXES):
             return
+        if not name.startswith(("model.", "lm_head.")):  # a bare model's (`Qwen3Model`) names
+            name = "model." + name
         if name == "lm_head.weight" and self.model.lm_head is None:
             return  # tied embeddings: transformers saves the same tensor twice at most
         target = self._target(name)

@@ -62,6 +62,9 @@ class ModelRunner(ABC):
     # True when the runner samples every row of `ForwardBatch.logit_index` (several positions
     # of a request: speculative verification); else the scheduler decodes plainly.
     verifies: bool = False
+    # True when the runner returns `SampleOutput.pooled` for `ForwardBatch.pooling` (embedding
+    # requests); else the scheduler refuses them.
+    embeds: bool = False
     # Resident bytes of the weights as loaded (quantized ones at their packed size); None when
     # the runner cannot tell. Shown apart from the KV pool's bytes (ModelInfo, TUI, doctor).
     weight_bytes: int | None = None

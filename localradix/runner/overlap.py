@@ -15,6 +15,7 @@ while fewer than `capacity` newer tokens have been launched after it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -103,6 +104,7 @@ class PendingStep:
     placeholders: np.ndarray  # int64 [B]: what the next step passes as these requests' ids
     host: DeviceSample  # host tensors being filled by non-blocking copies
     event: Any  # recorded after the copies
+    pooled: torch.Tensor | None = None  # host copy of the embedding rows' pooled states
 
     def done(self) -> bool:
         return bool(self.event.query())
@@ -110,7 +112,10 @@ class PendingStep:
     def result(self) -> SampleOutput:
         """Waits for the copies (not for later steps) and returns the sampled tokens."""
         self.event.synchronize()
-        return self.host.numpy()
+        out = self.host.numpy()
+        if self.pooled is None:
+            return out
+        return dataclasses.replace(out, pooled=self.pooled.numpy())
 
 
 class OverlapRunner(ModelRunner):
@@ -127,6 +132,7 @@ class OverlapRunner(ModelRunner):
         # per request when speculating, so verifying is the inner runner's to say (one that
         # does not say gives a row per request).
         self.verifies = bool(getattr(runner, "verifies", False))
+        self.embeds = bool(getattr(runner, "embeds", False))
         self.futures = FutureTokens(capacity)
         self.ring = torch.zeros(capacity, dtype=torch.long, device=runner.device)
         self.copies = copies if copies is not None else HostCopies(runner.device)
@@ -142,8 +148,10 @@ class OverlapRunner(ModelRunner):
             index = torch.from_numpy(entries).to(self.runner.device, non_blocking=True)
             self.ring.index_copy_(0, index, out.token_ids)
             host = out.map(self.copies.to_host)
+            pooled = getattr(self.runner, "pooled", None) if batch.pooling is not None else None
+            pooled = None if pooled is None else self.copies.to_host(pooled)
             last = FutureTokens.placeholders(entries[batch.last_row])
-            return PendingStep(last, host, self.copies.event())
+            return PendingStep(last, host, self.copies.event(), pooled)
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         """Synchronous use (no overlap): launch and wait."""

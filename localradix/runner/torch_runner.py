@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -15,6 +16,7 @@ from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.kv_budget import plan_kv_budget
 from localradix.runner.kv_layout import KVLayout
+from localradix.runner.pooling import pool_hidden
 from localradix.runner.sampler import sample
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -55,6 +57,8 @@ def _name(dtype: torch.dtype) -> str:
 
 class TorchRunner(ModelRunner):
     verifies = True  # `logits` gathers every row of `logit_index`
+    embeds = True  # `logits` pools the hidden states of `ForwardBatch.pooling` into `pooled`
+    pooled: torch.Tensor | None = None  # set by each `logits` call (None: nothing pooled)
 
     def __init__(
         self,
@@ -97,13 +101,17 @@ class TorchRunner(ModelRunner):
         self.attn.prepare(batch)
         ids = input_ids if input_ids is not None else self._tensor(batch.input_ids)
         hidden = self.model.forward(ids, self._tensor(batch.positions), self.attn)
+        self.pooled = pool_hidden(hidden, batch)
         if batch.num_tokens != batch.num_rows:
             hidden = hidden[self._tensor(batch.logit_index)]
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
-        return sample(self.logits(batch), sampling)
+        out = sample(self.logits(batch), sampling)
+        if batch.pooling is None or self.pooled is None:
+            return out
+        return dataclasses.replace(out, pooled=self.pooled.cpu().numpy())
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)

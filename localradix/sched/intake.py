@@ -23,6 +23,7 @@ class Intake:
     context_len: int
     vocab_size: int
     grammar: GrammarBackend | None
+    embeds: bool = False  # the runner pools hidden states (embedding requests)
 
     def add(self, msg: GenerateRequest) -> None:
         """Queue a new request (or report why not); clamp its max_new_tokens to the context."""
@@ -34,6 +35,7 @@ class Intake:
             extra_key=msg.extra_key,
             require_cached_tokens=msg.require_cached_tokens,
             pins=msg.pins,
+            embed=msg.embed,
         )
         error = self._reject_reason(req)
         if error is not None:
@@ -76,6 +78,10 @@ class Intake:
             return f"token ids must be in [0, {self.vocab_size})"
         if not 0 <= req.require_cached_tokens <= n:
             return f"require_cached_tokens must be in [0, {n}] (the prompt's length)"
+        if req.embed is not None and not self.embeds:
+            return "this backend cannot embed; serve the model with the torch or MLX backend"
+        if req.embed is not None and req.embed.pooling not in ("last", "mean"):
+            return f"unknown pooling {req.embed.pooling!r}: use 'last' or 'mean'"
         if req.params.constraint is not None and self.grammar is None:
             return "constrained decoding is not available: pip install xgrammar"
         return None

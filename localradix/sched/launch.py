@@ -14,6 +14,7 @@ import numpy as np
 
 from localradix.messages import TokenLogprob
 from localradix.runner.base import LaunchedStep, ModelRunner
+from localradix.sched import embedding
 from localradix.sched.plan import forward_batch, penalized, verify_sampling
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
@@ -100,6 +101,9 @@ class StepLauncher:
             self.slots.cache_unfinished(req)
             if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
                 return False
+            if req.embed is not None:  # prefill only: it ends when this step is read
+                self.queues.embedding.append(req)
+                return True
             req.state = ReqState.DECODE
             self.queues.running.append(req)
         req.pending += 1
@@ -113,10 +117,30 @@ class StepLauncher:
         self.stats.time_step(step.is_prefill, step.num_tokens, step.started)
         for i, req in enumerate(step.reqs):
             # Dropped: a retracted request's token (it re-runs), or one after the request ended.
-            if step.samples[i] and req.epoch == step.epochs[i] and not req.finished:
+            if req.epoch != step.epochs[i] or req.finished:
+                continue
+            if req.embed is not None:
+                self._take_pooled(req, out, i, last_chunk=step.samples[i])
+            elif step.samples[i]:
                 self._take_tokens(req, out, int(step.first_rows[i]), step.drafts[i])
         if not step.is_prefill:
             self.stats.count_decode_step()
+
+    def _take_pooled(self, req: Req, out: SampleOutput, i: int, last_chunk: bool) -> None:
+        """Fold one prefill chunk's pooled state into an embedding request; after the last
+        chunk it is done (finish reason "stop", no tokens) and leaves its prompt cached."""
+        assert req.embed is not None
+        if out.pooled is None:
+            req.fail("the runner returned no hidden states for an embedding request")
+        else:
+            req.pooled = embedding.add_chunk(req.pooled, out.pooled[i], req.embed)
+            if not last_chunk:
+                return
+            req.embedding = embedding.vector(req.pooled, len(req.prompt_ids), req.embed)
+            req.finish("stop")
+        self.queues.remove(req)
+        self.slots.release(req)
+        self.queues.touch(req)
 
     def _take_tokens(self, req: Req, out: SampleOutput, row: int, drafts: np.ndarray) -> None:
         """Apply the step's tokens of one request: its sampled token, or for a verify the

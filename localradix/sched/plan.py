@@ -13,8 +13,9 @@ from localradix.step import ForwardBatch, SamplingBatch
 def forward_batch(batch: list[Req], table: np.ndarray) -> ForwardBatch:
     """Each request's new tokens and its slot-table row up to them (`table`: the
     ReqToTokenPool's). A request whose last token is still on the device is fed the runner's
-    placeholder for it; one with drafts runs `[last] + drafts` and samples each position."""
-    ids, tables, prefixes, rows, sampled = [], [], [], [], []
+    placeholder for it; one with drafts runs `[last] + drafts` and samples each position; an
+    embedding request's prefill chunks are pooled."""
+    ids, tables, prefixes, rows, sampled, pooling = [], [], [], [], [], []
     for req in batch:
         assert req.row is not None
         end = req.kv_len + req.extend_len
@@ -28,7 +29,8 @@ def forward_batch(batch: list[Req], table: np.ndarray) -> ForwardBatch:
         prefixes.append(req.kv_len)
         rows.append(req.row)
         sampled.append(1 + len(req.draft_ids))
-    return ForwardBatch.build(ids, tables, prefixes, rows, sampled)
+        pooling.append(req.embed.pooling if req.embed is not None else "")
+    return ForwardBatch.build(ids, tables, prefixes, rows, sampled, pooling)
 
 
 def verify_sampling(batch: list[Req], rng: np.random.Generator, vocab_size: int) -> SamplingBatch:

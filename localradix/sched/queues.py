@@ -18,21 +18,25 @@ class RequestQueues:
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # decoding
     chunked: Req | None = None  # the one prefill in flight chunk by chunk
+    embedding: list[Req] = field(default_factory=list)  # last chunk launched, vector not read
     by_rid: dict[str, Req] = field(default_factory=dict)  # every request not yet reported done
     touched: dict[str, Req] = field(default_factory=dict)  # with news for the next outputs
     rejected: list[RequestOutput] = field(default_factory=list)  # refused at the door
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.compiling)
+        return bool(
+            self.waiting or self.running or self.chunked or self.compiling or self.embedding
+        )
 
     @property
     def has_news(self) -> bool:
         return bool(self.touched or self.rejected)
 
     def holders(self) -> list[Req]:
-        """Requests that hold KV slots: the running ones and the chunked prefill."""
-        held = list(self.running)
+        """Requests that hold KV slots: the running ones, the chunked prefill and embedding
+        requests whose last chunk is in flight."""
+        held = list(self.running) + list(self.embedding)
         if self.chunked is not None:
             held.append(self.chunked)
         return held
@@ -42,7 +46,7 @@ class RequestQueues:
 
     def remove(self, req: Req) -> None:
         """Take `req` out of whichever queue holds it (an abort)."""
-        for queue in (self.compiling, self.waiting, self.running):
+        for queue in (self.compiling, self.waiting, self.running, self.embedding):
             if req in queue:
                 queue.remove(req)
         if req is self.chunked:
@@ -75,4 +79,5 @@ def _output(req: Req) -> RequestOutput:
         logprobs=logprobs,
         error=req.error,
         error_code=req.error_code,
+        embedding=req.embedding,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localradix.messages import CachePin, ErrorCode, TokenLogprob
+from localradix.messages import CachePin, Embed, ErrorCode, TokenLogprob
 from localradix.sampling_params import SamplingParams
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)
@@ -56,6 +56,10 @@ class Req:
     draft_ids: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
     spec_len: int = 0
     spec: Any = None  # RequestSpec once it decodes with --speculative
+    # Embedding requests (sched/embedding.py): prefill only, pooled chunk by chunk.
+    embed: Embed | None = None
+    pooled: np.ndarray | None = None  # float32 [hidden]: pooled over the chunks run so far
+    embedding: tuple[float, ...] | None = None  # the answer, once the prompt is all in
     # Reporting
     cached_tokens: int = -1  # prompt tokens served from cache at first admission
     finish_reason: str | None = None

@@ -94,6 +94,7 @@ class Scheduler:
             context_len=context_len,
             vocab_size=vocab_size,
             grammar=grammar,
+            embeds=runner.embeds,
         )
         self.admission = PrefillAdmission(args, self.queues, self.slots, self.counters)
         self.decoding = DecodePlanner(args, self.queues, self.slots, self.counters, context_len)

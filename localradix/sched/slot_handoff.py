@@ -15,6 +15,7 @@ import numpy as np
 
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import MatchResult, RadixCache
+from localradix.mem.radix_node import EMPTY
 from localradix.sched.cache_budget import is_one_off
 from localradix.sched.request import Req
 from localradix.spec.draft_kv import rejected_slots
@@ -39,7 +40,11 @@ class SlotHandoff:
         return extend if extend >= todo else extend // self.page * self.page
 
     def match(self, req: Req) -> None:
-        """Refresh `req.prefix_match`: the cached prefix of its tokens (takes no lock)."""
+        """Refresh `req.prefix_match`: the cached prefix of its tokens (takes no lock). A
+        mean-pooled embedding matches none: it needs every token's hidden state."""
+        if req.embed is not None and req.embed.pooling == "mean":
+            req.prefix_match = MatchResult(EMPTY, self.cache.root, 0, None)
+            return
         req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
 
     def owned(self, req: Req) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
-from localradix.messages import AbortRequest, CachePin, ErrorCode, RequestOutput
+from localradix.messages import AbortRequest, CachePin, Embed, ErrorCode, RequestOutput
 from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
@@ -41,6 +41,7 @@ class Job:
         rid: str,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
+        embed: Embed | None = None,
     ) -> None:
         self.manager = manager
         self.rid = rid
@@ -48,7 +49,7 @@ class Job:
         self.params = params
         self.created = int(time.time())
         self.start = time.monotonic()
-        self.tracker = RequestTracker(rid, prompts, params, manager.tokenizer)
+        self.tracker = RequestTracker(rid, prompts, params, manager.tokenizer, embed)
         self.choices: list[Choice] = self.tracker.choices
         self._events: deque[tuple[Choice, RequestOutput | None]] = deque()
         self._wake = asyncio.Event()
@@ -208,11 +209,20 @@ class TokenizerManager:
         params: SamplingParams,
         pins: tuple[CachePin, ...] = (),
         require_cached_tokens: int = 0,
+        embed: Embed | None = None,
     ) -> Job:
         """Send `len(prompts) * n` engine requests (each pinning `pins` of its prompt once it is
-        cached); 503 if the engine is gone, 429 when full. `require_cached_tokens`: see
-        GenerateRequest (the engine fails it PREFIX_EVICTED)."""
+        cached; embedding ones with `embed`); 503 if the engine is gone, 429 when full.
+        `require_cached_tokens`: see GenerateRequest (the engine fails it PREFIX_EVICTED)."""
         self.check_ready()
+        info = self.client.loaded
+        if embed is None and info.pooling is not None:
+            raise APIError(
+                400,
+                f"'{info.name}' is an embedding model: it cannot generate text; ask "
+                "/v1/embeddings (or Ollama's /api/embed) for its vectors",
+                param="model",
+            )
         count = len(prompts) * params.n
         if self.in_flight + count > self.capacity:
             raise APIError(
@@ -222,7 +232,7 @@ class TokenizerManager:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": "1"},
             )
-        job = Job(self, self.new_rid(), prompts, params)
+        job = Job(self, self.new_rid(), prompts, params, embed)
         requests = job.tracker.engine_requests(pins, require_cached_tokens)
         self.client.send(requests)  # no output arrives before we yield
         for choice in job.choices:

@@ -7,7 +7,8 @@ in sequence order). Decode requests are simply extends of length 1. `req_rows` n
 request's row in the request table: a stable identity while it runs, for runners that keep
 per-request state (llama.cpp's sequence ids). `num_sampled` says how many of each request's
 last positions are sampled (a speculative verify samples every draft position; None = 1 each):
-the runner returns one token per row of `logit_index`.
+the runner returns one token per row of `logit_index`. `pooling` marks the prefill chunks of
+embedding requests: the runner also returns their pooled final hidden states.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class ForwardBatch:
     extend_lens: np.ndarray  # int64 [num_reqs]: new tokens this step (1 for decode)
     req_rows: np.ndarray | None = None  # int64 [num_reqs]: request-table row of each request
     num_sampled: np.ndarray | None = None  # int64 [num_reqs]: positions sampled; None = 1 each
+    # Per request: "" (no embedding), "last" (its last new token's hidden state) or "mean"
+    # (the sum over its new tokens; the scheduler divides once every chunk is in). None: all "".
+    pooling: tuple[str, ...] | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -81,6 +85,7 @@ class ForwardBatch:
         prefix_lens: list[int],
         req_rows: list[int] | None = None,
         num_sampled: list[int] | None = None,
+        pooling: list[str] | None = None,
     ) -> ForwardBatch:
         """Assemble from per-request new tokens, full slot tables (prefix + new), prefix lengths
         and (optionally) each request's row in the request table and sampled positions."""
@@ -101,6 +106,7 @@ class ForwardBatch:
             extend_lens=extend,
             req_rows=None if req_rows is None else np.asarray(req_rows, dtype=np.int64),
             num_sampled=_sampled(num_sampled, extend),
+            pooling=tuple(pooling) if pooling and any(pooling) else None,
         )
 
 

@@ -83,3 +83,6 @@ class SampleOutput:
     logprobs: np.ndarray | None = None  # float32 [B]: logprob of each chosen token
     top_ids: np.ndarray | None = None  # int64 [B, k]
     top_logprobs: np.ndarray | None = None  # float32 [B, k]
+    # float32 [num_reqs, hidden]: each request's pooled hidden state (`ForwardBatch.pooling`;
+    # zero rows for the others), or None when the batch pools nothing
+    pooled: np.ndarray | None = None

@@ -8,6 +8,7 @@ bookkeeping, and the arguments we hand the NPU op.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -279,6 +280,10 @@ def test_device_runner_graphs_match_reference(fake_flashinfer, tiny_bf16, page_s
     assert fake_flashinfer.runs["graph"] > 0 and fake_flashinfer.plans["prefill"] == 2
     sampled = runner.forward(slots.batch({"a": [1]}), _greedy(1))
     assert sampled.token_ids.dtype == np.int64 and sampled.token_ids.shape == (1,)
+    # An embedding request's one-token step runs eagerly: a graph keeps no hidden states.
+    pooling = dataclasses.replace(slots.batch({"b": [2]}), pooling=("last",))
+    pooled = runner.forward(pooling, _greedy(1)).pooled
+    assert api.replays == 5 and pooled is not None and pooled.shape == (1, config.hidden_size)
 
 
 def test_device_runner_without_graphs_or_flashinfer(tiny_model):

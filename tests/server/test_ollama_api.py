@@ -251,6 +251,21 @@ def test_empty_prompt_loads_or_unloads(oc, name):
     assert oc.chat(model=name, messages=[], keep_alive="0s").done_reason == "unload"
 
 
+def test_a_chat_model_cannot_embed_on_either_dialect(server, oc, name):
+    """The bundled chat model: a 400 that says it cannot embed and names a model that can."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.embeddings.create(model=name, input="hello")
+    assert "cannot embed" in err.value.message and "Qwen3-Embedding" in err.value.message
+    for call in (lambda: oc.embed(model=name, input="hello"), lambda: oc.embeddings(name, "hi")):
+        with pytest.raises(ollama.ResponseError) as o_err:
+            call()
+        assert o_err.value.status_code == 400 and "Qwen3-Embedding" in o_err.value.error
+    assert "embedding" not in oc.show(name).capabilities
+
+
 def test_bad_input_gets_ollama_shaped_4xx_and_the_server_stays_healthy(server, oc, name):
     cases = [
         ("/api/chat", b"{", 400),

@@ -103,6 +103,7 @@ class DeviceRunner(TorchRunner):
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.can_run(batch):
+        # A batch that pools (embeddings) needs the hidden states, which a graph does not keep.
+        if self.graphs is not None and batch.pooling is None and self.graphs.can_run(batch):
             return self.graphs.run(batch, input_ids)
         return super().logits(batch, input_ids)

@@ -9,6 +9,7 @@ graph never grows across steps).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -52,6 +53,7 @@ def create_mlx_runner(
 
 class MLXRunner(ModelRunner):
     verifies = True  # `forward` samples every row of `logit_index`
+    embeds = True  # `forward` pools the hidden states of `ForwardBatch.pooling`
 
     def __init__(
         self, model: MLXDecoderForCausalLM, config: ModelConfig, args: ServerArgs, device: mx.Device
@@ -77,7 +79,23 @@ class MLXRunner(ModelRunner):
             last = mx.array(batch.logit_index.astype(np.int32))
             logits = self.model.compute_logits(hidden[last])
             mx.eval(logits, self.attn.state())
-            return sample(logits, sampling)
+            out = sample(logits, sampling)
+            return out if batch.pooling is None else replace(out, pooled=_pooled(hidden, batch))
+
+
+def _pooled(hidden: mx.array, batch: ForwardBatch) -> np.ndarray:
+    """float32 [num_reqs, hidden]: each pooling request's last new state or the sum of its
+    new states (as `localradix.runner.pooling` does for torch), zero rows for the others."""
+    assert batch.pooling is not None
+    out = np.zeros((batch.num_reqs, hidden.shape[-1]), dtype=np.float32)
+    bounds = batch.qo_indptr.tolist()
+    for i, mode in enumerate(batch.pooling):
+        start, end = bounds[i], bounds[i + 1]
+        if mode == "last":
+            out[i] = np.array(hidden[end - 1].astype(mx.float32))
+        elif mode == "mean":
+            out[i] = np.array(hidden[start:end].astype(mx.float32).sum(axis=0))
+    return out
 
 
 def _name(dtype: mx.Dtype) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from localradix.backends.mlx.quant import Quantized, QuantSpec, quantize
+from localradix.loader.embedding import is_bare_model
 from localradix.loader.hf import read_config
 from localradix.loader.source import ModelSource
 from localradix.models.config import ModelConfig
@@ -49,10 +50,17 @@ def load_weights(
             loaded = mx.load(str(path))
             assert isinstance(loaded, dict)
             raw.update(loaded)
-        weights = group_quantized(raw, hf.get("quantization"))
+        weights = group_quantized(_with_model_prefix(raw), hf.get("quantization"))
+        if is_bare_model(folder):  # an embedding model: no head; logits use the embeddings
+            hf = {**hf, "tie_word_embeddings": True}
     if quantize_to not in ("auto", "off"):
         weights = quantize_floats(weights, QuantSpec.parse(quantize_to))
     return ModelConfig.from_hf_dict(hf), weights
+
+
+def _with_model_prefix(raw: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A bare model's names (`Qwen3Model`: `layers.0...`) as a causal LM's (`model.layers.0...`)."""
+    return {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in raw.items()}
 
 
 def group_quantized(

@@ -86,13 +86,6 @@ async def show(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ModelBody)
     manager, facts = await _facts(request)
     served(manager, body.model or body.name)
-    capabilities = ["completion"]
-    if manager.tool_parser is not None:
-        capabilities.append("tools")
-    if fim_tokens(manager.tokenizer) is not None:
-        capabilities.append("insert")
-    if manager.reasoning_parser is not None:
-        capabilities.append("thinking")
     template = getattr(manager.tokenizer, "chat_template", None) or ""
     return json_response(
         {
@@ -102,10 +95,23 @@ async def show(request: Request[Any, Any, Any]) -> Response[Any]:
             "template": template,
             "details": facts.details(),
             "model_info": facts.model_info,
-            "capabilities": capabilities,
+            "capabilities": _capabilities(manager),
             "modified_at": now_iso(facts.modified or None),
         }
     )
+
+
+def _capabilities(manager: TokenizerManager) -> list[str]:
+    if manager.client.loaded.pooling is not None:
+        return ["embedding"]  # what Ollama lists for an embedding model
+    capabilities = ["completion"]
+    if manager.tool_parser is not None:
+        capabilities.append("tools")
+    if fim_tokens(manager.tokenizer) is not None:
+        capabilities.append("insert")
+    if manager.reasoning_parser is not None:
+        capabilities.append("thinking")
+    return capabilities
 
 
 ROOT_ROUTES = [root, root_head]

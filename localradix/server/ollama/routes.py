@@ -19,9 +19,9 @@ from localradix.server.core.body import decode
 from localradix.server.core.gather import answer
 from localradix.server.core.http import NDJSON, error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job
-from localradix.server.errors import APIError, bad_request
-from localradix.server.ollama import models
-from localradix.server.ollama.protocol import ChatBody, GenerateBody, ModelBody
+from localradix.server.errors import APIError
+from localradix.server.ollama import embed, models
+from localradix.server.ollama.protocol import ChatBody, GenerateBody
 from localradix.server.ollama.render import (
     Wrap,
     chat_fields,
@@ -85,17 +85,6 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     return await _answer(request, job, str(req.model), body.stream, generate_fields, body.think)
 
 
-@post(["/embed", "/embeddings"], summary="Ollama: embeddings (not for this model)", status_code=200)
-async def embed(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = decode(await request.body() or b"{}", ModelBody)
-    manager = state(request).ready_manager()
-    model = served(manager, body.model or body.name)
-    raise bad_request(
-        f'"{model}" does not support embeddings: it is a text generation model, and localradix '
-        "does not serve embedding models yet"
-    )
-
-
 def _no_model_store() -> APIError:
     return APIError(
         501,
@@ -121,7 +110,7 @@ def ollama_error(err: APIError) -> dict[str, Any]:
 
 _api = Router(
     "/api",
-    route_handlers=[*models.API_ROUTES, chat, generate, embed, model_store, delete_model],
+    route_handlers=[*models.API_ROUTES, chat, generate, *embed.ROUTES, model_store, delete_model],
     exception_handlers={Exception: error_handler(ollama_error)},
 )
 ROUTES: list[ControllerRouterHandler] = [*models.ROOT_ROUTES, _api]

@@ -1,4 +1,5 @@
-"""The OpenAI routes under /v1: chat and text completions (JSON or SSE) and the model list."""
+"""The OpenAI routes under /v1: chat and text completions (JSON or SSE), embeddings
+(openai/embeddings.py) and the model list."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from localradix.server.core.jobs import chat_job, completion_job, served_name
 from localradix.server.errors import APIError
 from localradix.server.openai.chat import chat_response, chat_stream
 from localradix.server.openai.completion import completion_response, completion_stream
+from localradix.server.openai.embeddings import REQUEST_BODIES as EMBEDDING_BODIES
+from localradix.server.openai.embeddings import embeddings
 from localradix.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -29,6 +32,7 @@ from localradix.server.protocol import (
 REQUEST_BODIES: dict[str, type] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    **EMBEDDING_BODIES,
 }
 
 
@@ -113,4 +117,4 @@ def _model_card(request: Request[Any, Any, Any]) -> ModelCard:
     )
 
 
-ROUTES = [chat_completions, completions, list_models, get_model]
+ROUTES = [chat_completions, completions, embeddings, list_models, get_model]
