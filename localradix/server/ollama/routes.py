@@ -58,7 +58,7 @@ def _loaded(model: str, keep_alive: float | str | None, fields: dict[str, Any]) 
 @post("/chat", summary="Ollama: chat (NDJSON stream unless stream: false)", status_code=200)
 async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ChatBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     if not body.messages:
         model = served(manager, body.model)
         empty = {"message": {"role": "assistant", "content": ""}}
@@ -73,7 +73,7 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
 )
 async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", GenerateBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     if not body.prompt and not body.suffix:
         model = served(manager, body.model)
         return _loaded(model, body.keep_alive, {"response": ""})
@@ -88,7 +88,7 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
 @post(["/embed", "/embeddings"], summary="Ollama: embeddings (not for this model)", status_code=200)
 async def embed(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ModelBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model or body.name)
     model = served(manager, body.model or body.name)
     raise bad_request(
         f'"{model}" does not support embeddings: it is a text generation model, and localradix '
