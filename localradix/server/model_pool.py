@@ -24,6 +24,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError, bad_request
+from localradix.server.model_list import store_source
 from localradix.server.model_memory import MemoryPlan, default_budget, gib, parse_size
 from localradix.server.resident import Resident, State
 from localradix.server.tokenizer_manager import TokenizerManager
@@ -125,7 +126,7 @@ class ModelPool:
             from localradix.store import StoreError
 
             try:
-                found = await asyncio.to_thread(_store_source, model)
+                found = await asyncio.to_thread(store_source, model)
             except StoreError as exc:
                 raise bad_request(str(exc), "model") from None
             if found is None:
@@ -224,22 +225,6 @@ class ModelPool:
 
     def loaded_keys(self) -> set[str]:
         return {r.key for r in self.residents if r.live}
-
-
-def _store_source(model: str) -> Any:
-    """The store model `model` names (alias, ref, repo id, or its path), as a ModelSource."""
-    from localradix.loader.source import ModelSource
-    from localradix.store.catalog import scan
-    from localradix.store.lookup import find_entry
-
-    entries = scan()
-    entry = find_entry(model, entries)
-    if entry is None and ("/" in model or "\\" in model):
-        wanted = model_key(Path(model).expanduser())
-        entry = next((e for e in entries if e.path and model_key(e.path) == wanted), None)
-    if entry is None or entry.path is None:
-        return None
-    return ModelSource(entry.path, "gguf" if entry.format == "gguf" else "hf", entry.alias)
 
 
 def model_key(path: Path) -> str:
