@@ -60,6 +60,7 @@ class ModelPool:
         self._plan = plan  # (ModelSource, args, like: ModelInfo, room) -> MemoryPlan, in a thread
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
+        self._preloads: list[asyncio.Task[None]] = []
         self.keep_alive = keep_alive_seconds(args.keep_alive)
         self.budget = parse_size(args.memory_budget) if args.memory_budget else 0
 
@@ -79,8 +80,9 @@ class ModelPool:
             "never" if self.keep_alive is None or self.keep_alive < 0 else f"{self.keep_alive:g} s",
         )
         self._reaper = asyncio.create_task(self._reap(), name="model-reaper")
-        for name in self.args.pin:
-            asyncio.create_task(self._preload(name), name=f"pin {name}")
+        self._preloads = [
+            asyncio.create_task(self._preload(name), name=f"pin {name}") for name in self.args.pin
+        ]
 
     async def _preload(self, name: str) -> None:
         try:
@@ -111,8 +113,8 @@ class ModelPool:
         resident = await self._route(model or None)
         if resident.manager is None:
             raise APIError(503, resident.unavailable_message())
-        if keep is not None and not resident.pinned:
-            resident.keep_alive = keep
+        if not resident.pinned:  # each request sets it anew, as Ollama does
+            resident.keep_alive = self.keep_alive if keep is None else keep
         resident.leases += 1
         resident.touch()
         scope.setdefault(LEASES, []).append(resident.release)
@@ -162,7 +164,10 @@ class ModelPool:
         staying = sum(r.memory for r in self.residents if r.live and (r.pinned or r.busy))
         like = self.default.client.loaded
         room = self.budget - staying
-        plan = await asyncio.to_thread(self._plan, source, self.args, like, room)
+        try:
+            plan = await asyncio.to_thread(self._plan, source, self.args, like, room)
+        except Exception as exc:  # an unreadable config or header: say which model and why
+            raise APIError(503, f"the model '{model}' cannot be loaded: {exc}") from None
         if plan.total > self.budget:
             raise APIError(
                 503,
@@ -205,9 +210,11 @@ class ModelPool:
     async def _unload(self, resident: Resident) -> None:
         logger.info("unloading %s (idle since %.0f s)", resident.display, resident.idle_for)
         resident.state = State.UNLOADING
-        await resident.client.close()
-        if resident in self.residents:
-            self.residents.remove(resident)
+        try:
+            await resident.client.close()
+        finally:
+            if resident in self.residents:
+                self.residents.remove(resident)
 
     async def _reap(self) -> None:
         while True:
@@ -215,7 +222,10 @@ class ModelPool:
             for r in [r for r in self.residents if r.expired()]:
                 async with self._lock:
                     if r.expired():
-                        await self._unload(r)
+                        try:
+                            await self._unload(r)
+                        except Exception:  # keep reaping the others
+                            logger.exception("unloading %s failed", r.display)
 
     # ---- what the API lists --------------------------------------------------------------
 
