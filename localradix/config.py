@@ -109,8 +109,9 @@ class ServerArgs:
     )
     # Several models: the store's, loaded when a request names one (see server/model_pool.py)
     max_loaded_models: int = _opt(
-        "most models loaded at once, the default one included; loading another unloads the "
-        "least recently used idle one",
+        "most models loaded at once, the default one included (Ollama's per-GPU default; on a "
+        "CPU the memory budget is what binds); loading another unloads the least recently "
+        "used idle one",
         default=3,
     )
     memory_budget: str | None = _opt(

@@ -79,6 +79,13 @@ class ModelPool:
             gib(self.budget),
             "never" if self.keep_alive is None or self.keep_alive < 0 else f"{self.keep_alive:g} s",
         )
+        if self.default.memory > self.budget:
+            logger.warning(
+                "the default model alone takes %s of the %s memory budget: no other model can "
+                "load; raise --memory-budget",
+                gib(self.default.memory),
+                gib(self.budget),
+            )
         self._reaper = asyncio.create_task(self._reap(), name="model-reaper")
         self._preloads = [
             asyncio.create_task(self._preload(name), name=f"pin {name}") for name in self.args.pin

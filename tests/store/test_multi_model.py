@@ -19,6 +19,7 @@ from hub_standin import HubStandIn, Repo
 DEFAULT = "SmolLM2-135M-Instruct"  # the bundled model, served when `serve` gets none
 GGUF = f"{GGUF_REPO}:Q4_1"  # listed by ref: its derived alias is the bundled model's too
 TINY = "tiny-llama:1m-f32"
+LOGS: dict[str, Path] = {}  # each server's log, by URL
 FAKE = {  # test_budget: a fake engine (nothing loads; the budget is checked before)
     "LOCALRADIX_ENGINE_CORE": "fake_engine_core:FakeCore",
     "LOCALRADIX_TOKENIZER": "fake_engine_core:fake_tokenizer",
@@ -41,12 +42,13 @@ def env(hub_repos: dict[str, Repo], tmp_path_factory: pytest.TempPathFactory) ->
 def serve(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable]:
     """Start `localradix serve FLAGS` servers (all stopped at the end of the module)."""
     procs: list[subprocess.Popen] = []
-    logs = tmp_path_factory.mktemp("logs")
+    folder = tmp_path_factory.mktemp("logs")
 
     def start(*flags: str, extra_env: dict[str, str] | None = None) -> str:
-        log = logs / f"serve-{len(procs)}.log"
+        log = folder / f"serve-{len(procs)}.log"
         proc, url = start_serve({**env, **(extra_env or {})}, None, log, *flags)
         procs.append(proc)
+        LOGS[url] = log
         return url
 
     yield start
@@ -113,11 +115,19 @@ def test_ps_shows_the_loaded_models_with_memory_and_expiry(url, env):
 
 
 def test_a_third_model_unloads_the_least_recently_used_idle_one(url):
+    from concurrent.futures import ThreadPoolExecutor
+
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
-    reply = client.completions.create(
-        model=TINY, prompt="a b c", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
-    )  # random weights: ignore_eos makes it generate all 4 tokens
-    assert reply.model == TINY and reply.usage.completion_tokens == 4
+
+    def complete(prompt: str):  # random weights: ignore_eos makes it generate all 4 tokens
+        return client.completions.create(
+            model=TINY, prompt=prompt, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+
+    with ThreadPoolExecutor(2) as threads:  # both wait on one load
+        replies = list(threads.map(complete, ["a b c", "d e f"]))
+    assert all(r.model == TINY and r.usage.completion_tokens == 4 for r in replies)
+    assert LOGS[url].read_text().count(f"loaded '{TINY}'") == 1
     assert health_models(url) == {DEFAULT: "ready", TINY: "ready"}
 
 
