@@ -112,6 +112,28 @@ class ServerArgs:
     speculative_min_match: int = _opt(
         "shortest n-gram of the context matched to draft from", default=3
     )
+    # Several models: the store's, loaded when a request names one (see server/model_pool.py)
+    max_loaded_models: int = _opt(
+        "most models loaded at once, the default one included (Ollama's per-GPU default; on a "
+        "CPU the memory budget is what binds); loading another unloads the least recently "
+        "used idle one",
+        default=3,
+    )
+    memory_budget: str | None = _opt(
+        "weights + KV of all loaded models, e.g. 12GiB; a model that cannot fit gets a 503 "
+        "(default: three quarters of the GPU's memory, or of RAM)",
+        default=None,
+    )
+    keep_alive: str = _opt(
+        "unload a model (not the default one) idle this long: seconds or 5m, 1h; -1 = never. "
+        "A request's keep_alive (Ollama's, or the same field on OpenAI bodies) sets its own",
+        default="5m",
+    )
+    pin: tuple[str, ...] = _opt(
+        "keep this model loaded (repeatable): loaded at start, never unloaded",
+        default=(),
+        repeatable=True,
+    )
     # Server
     host: str = _opt("address to bind", default="127.0.0.1")
     port: int = _opt("port to bind", default=8000)
@@ -186,6 +208,8 @@ def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
         annotation = str(f.type)  # a string: this module uses postponed annotations
         if annotation == "bool":
             kwargs["action"] = "store_true"
+        elif annotation.startswith("tuple") and meta.get("repeatable"):
+            kwargs.update(action="append", default=None)  # --pin A --pin B
         elif annotation.startswith("tuple"):
             kwargs["nargs"] = "*"
         else:

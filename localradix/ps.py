@@ -1,12 +1,13 @@
-"""`localradix ps`: the models a running server has loaded, asked over HTTP (`/v1/models` for
-the names, `/v1/stats` for where each runs). A server serves one model today; the table has a
-row per model the server lists, so it stays right when a server holds several."""
+"""`localradix ps`: the models a running server has loaded, asked over HTTP (the stats feed,
+`/v1/stats`, has a row per model): where each runs, its memory (weights + KV), its state
+(loading, ready, unloading, failed) and how long until it unloads if left idle."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import time
 from typing import Any
 
 from localradix.loader.source import ModelSourceError
@@ -28,15 +29,14 @@ def add_ps_parser(subparsers: Any) -> None:
 
 def run_ps(ns: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
-    models, stats = _fetch(ns.url.rstrip("/"), ns.api_key)
-    info = stats.get("model") or {}
-    rows = [("NAME", "BACKEND", "DEVICE", "CONTEXT", "KV TOKENS", "UP")]
-    for card in models:
-        mine = info if info.get("name") == card.get("id") else {}
+    stats = _fetch(ns.url.rstrip("/"), ns.api_key)
+    rows = [("NAME", "BACKEND", "DEVICE", "CONTEXT", "MEMORY", "STATE", "UNTIL")]
+    for model in _models(stats):
         rows.append((
-            str(card.get("id")), str(mine.get("backend", "-")), str(mine.get("device", "-")),
-            str(card.get("max_model_len", "-")), str(mine.get("kv_total_tokens", "-")),
-            _duration(stats.get("uptime_s")),
+            str(model.get("name")), str(model.get("backend") or "-"),
+            str(model.get("device") or "-"), str(model.get("context_length") or "-"),
+            _size(model.get("memory_bytes")), str(model.get("state", "ready")),
+            _until(model.get("expires_at"), model.get("pinned")),
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -44,7 +44,17 @@ def run_ps(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch(url: str, api_key: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _models(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stats feed's per-model rows (a server older than the model pool: its one model)."""
+    if isinstance(stats.get("models"), list):
+        return stats["models"]
+    info = stats.get("model") or {}
+    weights, kv = info.get("weight_bytes"), info.get("kv_bytes")
+    memory = (weights or 0) + (kv or 0) if weights or kv else None
+    return [{**info, "memory_bytes": memory, "pinned": True}] if info else []
+
+
+def _fetch(url: str, api_key: str | None) -> dict[str, Any]:
     import httpx
 
     from localradix.tui.api import auth_headers, auth_problem, describe_error, error_message
@@ -52,18 +62,30 @@ def _fetch(url: str, api_key: str | None) -> tuple[list[dict[str, Any]], dict[st
     headers = auth_headers(api_key)
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
-            models = client.get("/v1/models")
             stats = client.get("/v1/stats")
     except httpx.HTTPError as exc:
         raise ModelSourceError(
             f"no server answers at {url} ({describe_error(exc)}): start one with "
             "`localradix serve`, or pass --url"
         ) from None
-    for response in (models, stats):
-        if response.status_code != 200:
-            problem = auth_problem(response.status_code, api_key)
-            raise ModelSourceError(problem or f"{url}: {error_message(response.content)}")
-    return models.json().get("data", []), stats.json()
+    if stats.status_code != 200:
+        problem = auth_problem(stats.status_code, api_key)
+        raise ModelSourceError(problem or f"{url}: {error_message(stats.content)}")
+    data: dict[str, Any] = stats.json()
+    return data
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, (int, float)) or n <= 0:
+        return "-"
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.0f} MiB"
+
+
+def _until(expires_at: Any, pinned: Any) -> str:
+    """ "4m59s" from now, or "forever" (pinned, the default model, keep_alive -1)."""
+    if pinned or not isinstance(expires_at, (int, float)):
+        return "forever"
+    return _duration(max(0.0, expires_at - time.time()))
 
 
 def _duration(seconds: Any) -> str:

@@ -21,6 +21,7 @@ from localradix.server.core.docs import publish_request_bodies
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
 from localradix.server.errors import APIError
+from localradix.server.model_pool import LEASES
 from localradix.server.openai.routes import REQUEST_BODIES
 from localradix.server.security import AccessPolicy, access_middleware, resolve_api_key
 from localradix.server.state import ServerState, default_tokenizer
@@ -30,7 +31,7 @@ __all__ = ["create_app", "default_tokenizer"]
 
 def _counting(server: ServerState) -> Callable[[Any], Any]:
     """Middleware counting the POST requests being answered, which a shutdown drains (a
-    stream counts until its last byte is sent)."""
+    stream counts until its last byte is sent); then it lets go of the models they used."""
 
     def middleware(app: Any) -> Any:
         async def counted(scope: Any, receive: Any, send: Any) -> None:
@@ -41,6 +42,8 @@ def _counting(server: ServerState) -> Callable[[Any], Any]:
             try:
                 await app(scope, receive, send)
             finally:
+                for release in scope.pop(LEASES, ()):
+                    release()
                 server.leave()
 
         return counted

@@ -41,12 +41,13 @@ class InfillBody(Struct, kw_only=True):
     seed: int | None = None
     stop: list[str] | None = None
     stream: bool = False
+    model: str | None = None  # another model of the store (default: the one served)
 
 
 @post("/infill", summary="llama.cpp: fill in the middle (input_prefix, input_suffix)")
 async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", InfillBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model)
     fim = require_fim(manager.tokenizer, "input_suffix")
     if body.stream:
         raise bad_request("streaming /infill is not supported yet: send stream: false", "stream")

@@ -67,10 +67,14 @@ def port_in_use(host: str, port: int) -> bool:
 
 def check_serve_args(args: ServerArgs) -> str | None:
     """What makes these arguments unusable, in one line (checked before loading the model)."""
+    from localradix.server.model_pool import check_pool_args
     from localradix.server.security import ApiKeyError, resolve_api_key
 
     if not 0 <= args.drain_timeout <= MAX_DRAIN_TIMEOUT_S:
         return f"--drain-timeout must be between 0 and {MAX_DRAIN_TIMEOUT_S:.0f} seconds"
+    problem = check_pool_args(args)
+    if problem:
+        return problem
     try:
         resolve_api_key(args)
     except ApiKeyError as exc:
@@ -143,7 +147,7 @@ def serve(args: ServerArgs) -> int:
     except SystemExit:  # uvicorn exits this way when the app's startup failed
         pass
     finally:
-        state.client.close_sync()
+        state.close_sync()
     if state.startup_error:
         print(f"localradix: error: {state.startup_error}", flush=True)
     return state.exit_code or (0 if server.started else 1)

@@ -50,7 +50,7 @@ class ModelFacts:
         }
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=32)
 def model_facts(name: str, path: str, context_length: int, architecture: str) -> ModelFacts:
     """The served model's facts (cached: the header is read once)."""
     source = Path(path)

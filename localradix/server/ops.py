@@ -16,6 +16,7 @@ from localradix.server.core.http import ClosingStream, json_response, sse, state
 from localradix.server.errors import APIError, error_response
 from localradix.server.loads import load_report
 from localradix.server.protocol import ErrorResponse
+from localradix.server.resident import State
 
 STATS_STREAM_INTERVAL_S = 0.25
 
@@ -70,18 +71,23 @@ async def flush_cache_smg(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 async def _flush(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Every loaded model's cache (each has its own)."""
     server = state(request)
-    manager = server.ready_manager()
-    if manager.in_flight or not await server.client.flush_cache():
-        raise APIError(
-            409, "cannot flush the cache while requests are running; retry when idle", code="busy"
-        )
+    server.ready_manager()
+    managers = [r.manager for r in server.pool.residents if r.state == State.READY and r.manager]
+    for manager in managers:
+        if manager.in_flight or not await manager.client.flush_cache():
+            raise APIError(
+                409,
+                "cannot flush the cache while requests are running; retry when idle",
+                code="busy",
+            )
     return json_response({"flushed": True})
 
 
 @get(
     "/health",
-    summary="200 while the engine runs, 503 otherwise",
+    summary="200 while the default model's engine runs (503 otherwise), with every model's state",
     responses={503: ResponseSpec(ErrorResponse, description="Starting, or the engine is gone")},
 )
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -89,7 +95,8 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     err = server.unavailable()
     if err is not None:
         return error_response(err)
-    return json_response({"status": "ok", "model": server.client.loaded.name})
+    models = {m["name"]: m["state"] for m in server.pool.describe()}
+    return json_response({"status": "ok", "model": server.client.loaded.name, "models": models})
 
 
 @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")

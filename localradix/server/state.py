@@ -1,7 +1,8 @@
-"""What every route reads: the engine client, the tokenizer manager, metrics, and the lifecycle.
+"""What every route reads: the models (model_pool.py), metrics, and the lifecycle.
 
-`ServerState` (at `app.state.server`) starts the engine process and loads the tokenizer (in
-parallel), and stops the engine on shutdown. Shutdown (SIGTERM/SIGINT, see launch.py) drains:
+`ServerState` (at `app.state.server`) starts the default model's engine process and loads its
+tokenizer (in parallel), and stops every engine on shutdown. Routes get a model's manager with
+`await manager_for(request, model, keep_alive)`; `ready_manager()` is the default model's. Shutdown (SIGTERM/SIGINT, see launch.py) drains:
 new requests get 503 with Retry-After while the ones in flight get up to --drain-timeout
 seconds; whatever still runs then ends with a clear 503 (an SSE error event and `[DONE]` for a
 stream), and only then does uvicorn stop.
@@ -22,6 +23,9 @@ from localradix.server.engine_client import EngineClient
 from localradix.server.engine_process import DEFAULT_CORE
 from localradix.server.errors import APIError
 from localradix.server.metrics import ServerMetrics
+from localradix.server.model_memory import plan_memory
+from localradix.server.model_pool import ModelPool
+from localradix.server.resident import Resident, State
 from localradix.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger("localradix.server")
@@ -51,10 +55,11 @@ class ServerState:
         tokenizer_factory: Callable[[ServerArgs], Any] = default_tokenizer,
     ) -> None:
         self.args = args
-        self.client = EngineClient(args, core_factory)
+        self.core_factory = core_factory
         self.tokenizer_factory = tokenizer_factory
         self.metrics = ServerMetrics()
-        self.manager: TokenizerManager | None = None
+        default = Resident("", args.served_model_name or "", self._new_client(args), 0, True)
+        self.pool = ModelPool(args, default, self._new_client, self._load, plan_memory)
         self.started = time.time()
         self.exit_code = 0
         self.startup_error: str | None = None
@@ -68,26 +73,55 @@ class ServerState:
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        tok = asyncio.ensure_future(asyncio.to_thread(self.tokenizer_factory, self.args))
-        eng = asyncio.ensure_future(self.client.start())
+    @property
+    def client(self) -> EngineClient:
+        """The default model's engine (the one `serve` started with)."""
+        return self.pool.default.client
+
+    @property
+    def manager(self) -> TokenizerManager | None:
+        return self.pool.default.manager
+
+    def _new_client(self, args: ServerArgs) -> EngineClient:
+        return EngineClient(args, self.core_factory)
+
+    async def _load(self, resident: Resident) -> None:
+        """Start a model's engine and load its tokenizer (in parallel)."""
+        args = resident.client.args
+        tok = asyncio.ensure_future(asyncio.to_thread(self.tokenizer_factory, args))
+        eng = asyncio.ensure_future(resident.client.start())
         try:
             tokenizer, info = await asyncio.gather(tok, eng)
-        except BaseException as exc:
+        except BaseException:
             for task in (tok, eng):
                 task.cancel()
-            self.client.close_sync()
+            resident.client.close_sync()
+            raise
+        resident.manager = TokenizerManager(resident.client, tokenizer, args, self.metrics)
+        resident.manager.names = resident.names  # the names the pool routes here
+        resident.display = info["name"]
+        logger.info("loaded '%s'", info["name"])
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        default = self.pool.default
+        try:
+            await self._load(default)
+        except BaseException as exc:
             self.startup_error = str(exc) or type(exc).__name__
             self.exit_code = 1
             logger.error("startup failed: %s", self.startup_error)
             raise
-        self.manager = TokenizerManager(self.client, tokenizer, self.args, self.metrics)
+        default.state = State.READY
         self.client.on_death.append(self._engine_died)
-        logger.info("serving '%s' on http://%s:%d", info["name"], self.args.host, self.args.port)
+        self.pool.started()
+        logger.info("serving '%s' on http://%s:%d", default.display, self.args.host, self.args.port)
 
     async def stop(self) -> None:
-        await self.client.close()
+        await self.pool.close()
+
+    def close_sync(self) -> None:
+        self.pool.close_sync()
 
     def _engine_died(self, message: str) -> None:
         self.exit_code = 1
@@ -104,11 +138,20 @@ class ServerState:
         return None
 
     def ready_manager(self) -> TokenizerManager:
+        """The default model's manager (503 while it cannot serve)."""
         err = self.unavailable()
         if err is not None:
             raise err
         assert self.manager is not None
         return self.manager
+
+    async def manager_for(
+        self, request: Any, model: str | None, keep_alive: float | str | None = None
+    ) -> TokenizerManager:
+        """The manager of the model the request names (loaded on demand; the default one when
+        it names none), held until its response is sent; 503 while the server cannot serve."""
+        self.ready_manager()
+        return await self.pool.acquire(model, keep_alive, request.scope)
 
     # ---- shutdown: drain, then stop ------------------------------------------------------
 
@@ -138,7 +181,8 @@ class ServerState:
             )
         if not await self._until_idle(timeout, stoppable=True):
             logger.warning("shutting down: ending %d request(s) with a 503 error", self.active)
-            self.client.stop_serving(SHUTTING_DOWN)
+            for resident in self.pool.residents:
+                resident.client.stop_serving(SHUTTING_DOWN)
             await self._until_idle(ABORT_FLUSH_S)
         logger.info("shutting down")
         self.request_exit()
@@ -168,6 +212,7 @@ class ServerState:
         m = self.metrics
         return {
             "model": self.client.info,
+            "models": self.pool.describe(),
             "uptime_s": time.time() - self.started,
             "engine_alive": self.client.alive,
             "engine_pid": self.client.pid,

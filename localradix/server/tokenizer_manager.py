@@ -168,6 +168,7 @@ class TokenizerManager:
         self.args = args
         self.metrics = metrics
         self.in_flight = 0  # engine requests sent and not finished
+        self.names: set[str] = set()  # request `model` names that mean this model (model_pool)
         self.capacity = args.max_running_requests + args.max_queued_requests
         self._ids = itertools.count()
         self._rid_prefix = os.urandom(4).hex()

@@ -182,6 +182,7 @@ class StatusLine(Panel):
             f"waiting [b]{fmt.count(s.get('queued'))}[/]",
             f"[{retr_style}]retractions {fmt.count(retr)}[/]",
         ]
+        parts += _models(s)
         parts += _speculation(s)
         if sy.source != "none":
             parts.append(f"CPU {fmt.count(sy.cpu_percent)}%")
@@ -193,6 +194,19 @@ class StatusLine(Panel):
         while len(parts) > 3 and _width(" │ ".join(parts)) > width:
             parts.pop()
         return [" │ ".join(parts)]
+
+
+def _models(s: Stats) -> list[str]:
+    """The loaded models, once there are several or one is loading, unloading or failed."""
+    if len(s.models) < 2 and all(m.get("state") == "ready" for m in s.models):
+        return []
+    styles = {"loading": "$text-warning", "unloading": "dim", "failed": "$text-error"}
+    names = []
+    for m in s.models:
+        state = str(m.get("state"))
+        name = escape(str(m.get("name")))
+        names.append(f"[{styles[state]}]{name} {state}[/]" if state in styles else name)
+    return [f"models [b]{len(s.models)}[/] " + ", ".join(names)]
 
 
 def _speculation(s: Stats) -> list[str]:

@@ -56,6 +56,7 @@ class Stats:
     uptime_s: float | None = None
     time: float | None = None
     engine_alive: bool | None = None  # False: the API answers but its engine process is gone
+    models: tuple[Mapping[str, Any], ...] = ()  # per model: name, state, memory, expires_at
 
     @classmethod
     def parse(cls, data: Any) -> Stats:
@@ -71,6 +72,7 @@ class Stats:
             uptime_s=number(data.get("uptime_s")),
             time=number(data.get("time")),
             engine_alive=alive if isinstance(alive := data.get("engine_alive"), bool) else None,
+            models=rows(data.get("models")),
         )
 
     def get(self, key: str) -> float | None:

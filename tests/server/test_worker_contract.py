@@ -52,7 +52,9 @@ def test_flush_cache_at_the_root_as_smg_calls_it(fake_server):
 
 def test_health_is_200_once_loaded_and_names_the_model(fake_server):
     r = httpx.get(fake_server.url + "/health")
-    assert r.status_code == 200 and r.json() == {"status": "ok", "model": "fake-model"}
+    models = {"fake-model": "ready"}  # every model's state (one here)
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "model": "fake-model", "models": models}
 
 
 def test_health_is_503_before_the_model_has_loaded():

@@ -162,14 +162,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve(env: dict[str, str], model: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """`localradix serve MODEL` in the background, once /health answers 200."""
+def start_serve(
+    env: dict[str, str], model: str | None, log: Path, *flags: str
+) -> tuple[subprocess.Popen, str]:
+    """`localradix serve [MODEL] [FLAGS]` in the background, once /health answers 200."""
     import httpx
 
     port = free_port()
+    command = ["serve", *([model] if model else []), *flags, "--port", str(port)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "localradix", "serve", model, "--port", str(port)],
+            [sys.executable, "-m", "localradix", *command],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

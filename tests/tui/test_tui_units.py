@@ -195,6 +195,21 @@ def test_status_line_shows_speculation_only_once_drafting():
     assert "spec accept [b]75%[/] 4.0 tok/step" in line
 
 
+def test_status_line_shows_the_models_once_several_or_one_is_loading():
+    from localradix.tui.panels import StatusLine, View
+
+    snap = snapshot()
+    snap["models"] = [{"name": "smollm2", "state": "ready"}]
+    assert "models" not in StatusLine().lines(View(stats=Stats.parse(snap)), 200)[0]
+    snap["models"].append({"name": "qwen:7b", "state": "loading"})
+    line = StatusLine().lines(View(stats=Stats.parse(snap)), 200)[0]
+    assert "models [b]2[/] smollm2, [$text-warning]qwen:7b loading[/]" in line
+    snap["models"] = [{"name": "smollm2", "state": "ready"}]
+    snap["models"].append({"name": "coder", "state": "failed"})
+    line = StatusLine().lines(View(stats=Stats.parse(snap)), 200)[0]
+    assert "[$text-error]coder failed[/]" in line
+
+
 def test_kv_panel_shows_weights_and_kv_memory_apart():
     from localradix.tui.panels import memory_split
 

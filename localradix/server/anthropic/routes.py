@@ -32,7 +32,7 @@ from localradix.server.tokenizer_manager import TokenizerManager
 @post("/", summary="Anthropic Messages: create a message (SSE when stream: true)", status_code=200)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model)
     req = chat_request(manager, body)
     pins = await _pins(manager, body, req)
     job = await chat_job(manager, req, pins=pins)
@@ -59,7 +59,7 @@ def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict
 )
 async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", CountTokensRequest, RENAMES)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model)
     # The very prompt a message would send (not checked against the context: it is counted).
     ids = await encode(manager, chat_text(manager, chat_request(manager, body)))
     return json_response({"input_tokens": len(ids)})

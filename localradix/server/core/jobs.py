@@ -38,7 +38,7 @@ def served_name(manager: TokenizerManager) -> str:
 def check_model(manager: TokenizerManager, model: str | None) -> None:
     """404 in OpenAI's words if `model` names another model than the one served."""
     served = served_name(manager)
-    if model is not None and model != served:
+    if model is not None and model != served and model not in manager.names:
         raise APIError(
             404,
             f"the model '{model}' does not exist; this server serves '{served}'",
@@ -53,6 +53,8 @@ def served_model(manager: TokenizerManager, model: str | None, latest_ok: bool =
     another (`:latest` is Ollama's tag)."""
     served = served_name(manager)
     if model is None or model == served or (latest_ok and model == f"{served}:latest"):
+        return served
+    if model in manager.names or (latest_ok and model.removesuffix(":latest") in manager.names):
         return served
     raise APIError(404, f"model '{model}' not found; this server serves '{served}'")
 

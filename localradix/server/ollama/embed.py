@@ -35,7 +35,7 @@ class EmbeddingsBody(Struct, kw_only=True):
 @post("/embed", summary="Ollama: embed one input or several", status_code=200)
 async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", EmbedBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     model = served(manager, body.model)
     keep_alive_seconds(body.keep_alive)  # validated, as the other routes do
     how = model_embed(manager)
@@ -60,7 +60,7 @@ async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
 @post("/embeddings", summary="Ollama: embed one prompt (the older route)", status_code=200)
 async def embed_prompt(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", EmbeddingsBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     served(manager, body.model)
     how = model_embed(manager)
     if not body.prompt:  # Ollama answers an empty prompt with an empty vector

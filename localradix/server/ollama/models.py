@@ -1,4 +1,4 @@
-"""The Ollama routes that describe the served model: `GET /` and `HEAD /` (liveness),
+"""The Ollama routes that describe the models: `GET /` and `HEAD /` (liveness),
 `/api/version`, `/api/tags`, `/api/ps` and `/api/show`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import MediaType, Request, Response, get, head, post
 
@@ -14,16 +14,21 @@ from localradix.server.core.body import decode
 from localradix.server.core.fim import fim_tokens
 from localradix.server.core.http import json_response, state
 from localradix.server.model_facts import ModelFacts, model_facts
+from localradix.server.model_list import listed_models
 from localradix.server.ollama.protocol import ModelBody
 from localradix.server.ollama.render import now_iso
 from localradix.server.ollama.request import served
+from localradix.server.resident import State
 from localradix.server.tokenizer_manager import TokenizerManager
+
+if TYPE_CHECKING:
+    from localradix.server.state import ServerState
 
 # The Ollama release whose API this matches; clients compare it as dotted ints (VS Code
 # Copilot needs >= 0.6.4).
 OLLAMA_VERSION = "0.12.0"
 RUNNING = "Ollama is running"
-NEVER_EXPIRES = timedelta(days=3650)  # the model stays loaded while the server runs
+NEVER_EXPIRES = timedelta(days=3650)  # a pinned (or the default) model stays loaded
 
 
 @get("/", media_type=MediaType.TEXT, summary="Ollama's liveness answer", include_in_schema=False)
@@ -41,13 +46,11 @@ async def version() -> Response[Any]:
     return json_response({"version": OLLAMA_VERSION})
 
 
-async def _facts(request: Request[Any, Any, Any]) -> tuple[TokenizerManager, ModelFacts]:
-    manager = state(request).ready_manager()
+async def _facts(manager: TokenizerManager) -> ModelFacts:
     info = manager.client.loaded
-    facts = await asyncio.to_thread(
+    return await asyncio.to_thread(
         model_facts, info.name, info.path, info.context_length, info.architecture
     )
-    return manager, facts
 
 
 def _listing(facts: ModelFacts) -> dict[str, Any]:
@@ -61,30 +64,49 @@ def _listing(facts: ModelFacts) -> dict[str, Any]:
     }
 
 
-@get("/tags", summary="Ollama: the models available (the one served)")
+def _all_facts(server: ServerState) -> list[ModelFacts]:
+    """Every model the server can answer for (reads the store and headers: in a thread)."""
+    listed = listed_models(server.pool, server.args.context_length)
+    return [model_facts(m.name, m.path, m.context_length, m.architecture) for m in listed]
+
+
+@get("/tags", summary="Ollama: the models available (loaded, then the rest of the store)")
 async def tags(request: Request[Any, Any, Any]) -> Response[Any]:
-    _, facts = await _facts(request)
-    return json_response({"models": [_listing(facts)]})
+    server = state(request)
+    server.ready_manager()
+    facts = await asyncio.to_thread(_all_facts, server)
+    return json_response({"models": [_listing(f) for f in facts]})
 
 
-@get("/ps", summary="Ollama: the models loaded (the one served)")
+@get("/ps", summary="Ollama: the models loaded, with memory and expiry")
 async def ps(request: Request[Any, Any, Any]) -> Response[Any]:
-    manager, facts = await _facts(request)
-    on_gpu = manager.client.loaded.device not in ("cpu", "")
-    expires = now_iso(time.time() + NEVER_EXPIRES.total_seconds())
-    loaded = {
-        **_listing(facts),
-        "expires_at": expires,
-        "size_vram": facts.size if on_gpu else 0,
-        "context_length": manager.context_length,
-    }
-    return json_response({"models": [loaded]})
+    server = state(request)
+    server.ready_manager()
+    models = []
+    for resident in server.pool.residents:
+        manager = resident.manager
+        if resident.state != State.READY or manager is None:
+            continue
+        facts = await _facts(manager)
+        on_gpu = manager.client.loaded.device not in ("cpu", "")
+        expires = resident.expires_at or time.time() + NEVER_EXPIRES.total_seconds()
+        size = resident.memory or facts.size
+        loaded = {
+            **_listing(facts),
+            "expires_at": now_iso(expires),
+            "size": size,
+            "size_vram": size if on_gpu else 0,
+            "context_length": manager.context_length,
+        }
+        models.append(loaded)
+    return json_response({"models": models})
 
 
 @post("/show", summary="Ollama: describe a model", status_code=200)
 async def show(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ModelBody)
-    manager, facts = await _facts(request)
+    manager = await state(request).manager_for(request, body.model or body.name or None)
+    facts = await _facts(manager)
     served(manager, body.model or body.name)
     template = getattr(manager.tokenizer, "chat_template", None) or ""
     return json_response(

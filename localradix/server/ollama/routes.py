@@ -2,9 +2,9 @@
 provider and Open WebUI speak, over the request core (see core/).
 
 Requests become OpenAI requests; outputs come back as Ollama's JSON (NDJSON lines when
-streaming, the default); every error is `{"error": "..."}` with a 4xx status. The model is always
-loaded: `keep_alive` is accepted (and validated) but unloads nothing; `/api/pull` and friends
-answer 501 (there is no model store).
+streaming, the default); every error is `{"error": "..."}` with a 4xx/503 status. `model` picks
+one of the store's models (loaded on demand, see model_pool.py) and `keep_alive` says how long it
+stays loaded once idle; `/api/pull` and friends answer 501 (`localradix pull` fills the store).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ async def _answer(
 
 
 def _loaded(model: str, keep_alive: float | str | None, fields: dict[str, Any]) -> Response[Any]:
-    """An empty prompt only (un)loads the model in Ollama; here it is always loaded."""
+    """An empty prompt only (un)loads the model: it was loaded to get here, and keep_alive 0
+    unloads it once this answer is sent (never the default or a pinned model)."""
     unload = keep_alive_seconds(keep_alive) == 0
     body = {"model": model, "created_at": now_iso(), **fields, "done": True}
     return json_response({**body, "done_reason": "unload" if unload else "load"})
@@ -58,7 +59,7 @@ def _loaded(model: str, keep_alive: float | str | None, fields: dict[str, Any]) 
 @post("/chat", summary="Ollama: chat (NDJSON stream unless stream: false)", status_code=200)
 async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ChatBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     if not body.messages:
         model = served(manager, body.model)
         empty = {"message": {"role": "assistant", "content": ""}}
@@ -73,7 +74,7 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
 )
 async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", GenerateBody)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model, body.keep_alive)
     if not body.prompt and not body.suffix:
         model = served(manager, body.model)
         return _loaded(model, body.keep_alive, {"response": ""})
@@ -88,12 +89,12 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
 def _no_model_store() -> APIError:
     return APIError(
         501,
-        "localradix serves the one model it was started with and has no model store: start "
-        "`localradix serve MODEL` with another model instead",
+        "the server does not change its model store: run `localradix pull REPO[:QUANT]` or "
+        "`localradix rm NAME` where it runs; it lists and loads the store's models by name",
     )
 
 
-# Not in the OpenAPI schema: they only ever answer 501 (no model store).
+# Not in the OpenAPI schema: they only ever answer 501 (the CLI manages the store).
 @post(["/pull", "/push", "/create", "/copy"], status_code=200, include_in_schema=False)
 async def model_store(request: Request[Any, Any, Any]) -> Response[Any]:
     raise _no_model_store()

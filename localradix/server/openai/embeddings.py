@@ -60,7 +60,7 @@ class EmbeddingResponse(Struct):
 )
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     req = decode(await request.body(), EmbeddingRequest)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, req.model)
     check_model(manager, req.model)
     how = model_embed(manager)
     prompts = await input_ids(manager, _inputs(req.input), "input", truncate=False)

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.openapi import ResponseSpec
+from msgspec import Struct
 
 from localradix.server.core.body import decode
 from localradix.server.core.docs import AUTH, ERRORS, UNAVAILABLE, UNKNOWN_MODEL
@@ -15,6 +17,7 @@ from localradix.server.core.gather import answer
 from localradix.server.core.http import closed_on_error, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job, served_name
 from localradix.server.errors import APIError
+from localradix.server.model_list import listed_models
 from localradix.server.openai.chat import chat_response, chat_stream
 from localradix.server.openai.completion import completion_response, completion_stream
 from localradix.server.openai.embeddings import REQUEST_BODIES as EMBEDDING_BODIES
@@ -36,6 +39,17 @@ REQUEST_BODIES: dict[str, type] = {
 }
 
 
+class KeepAlive(Struct, kw_only=True):
+    """The extension field `keep_alive` (Ollama's: seconds or "5m"; 0 unloads the model after
+    this request, -1 keeps it loaded)."""
+
+    keep_alive: float | str | None = None
+
+
+def _keep_alive(body: bytes) -> float | str | None:
+    return decode(body, KeepAlive).keep_alive
+
+
 @post(
     "/chat/completions",
     summary="Create a chat completion",
@@ -46,8 +60,9 @@ REQUEST_BODIES: dict[str, type] = {
     status_code=200,
 )
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    req = decode(await request.body(), ChatCompletionRequest)
-    manager = state(request).ready_manager()
+    body = await request.body()
+    req = decode(body, ChatCompletionRequest)
+    manager = await state(request).manager_for(request, req.model, _keep_alive(body))
     job = await chat_job(manager, req)
     model = served_name(manager)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -66,8 +81,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     status_code=200,
 )
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    req = decode(await request.body(), CompletionRequest)
-    manager = state(request).ready_manager()
+    body = await request.body()
+    req = decode(body, CompletionRequest)
+    manager = await state(request).manager_for(request, req.model, _keep_alive(body))
     job = await completion_job(manager, req)
     model = served_name(manager)
     with closed_on_error(job):
@@ -80,41 +96,41 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get(
     "/models",
-    summary="List the served model",
+    summary="List the models: the loaded ones, then every other one in the store",
     responses={200: ResponseSpec(ModelList), **AUTH, **UNAVAILABLE},
 )
 async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
-    return json_response(ModelList(data=[_model_card(request)]))
+    return json_response(ModelList(data=await _model_cards(request)))
 
 
 @get(
     "/models/{model_id:path}",
-    summary="Describe the served model",
+    summary="Describe a model",
     responses={200: ResponseSpec(ModelCard), **AUTH, **UNKNOWN_MODEL, **UNAVAILABLE},
 )
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[Any]:
-    card = _model_card(request)
-    if model_id.lstrip("/") != card.id:
-        raise APIError(
-            404,
-            f"the model '{model_id.lstrip('/')}' does not exist",
-            param="model",
-            code="model_not_found",
-            type="invalid_request_error",
-        )
-    return json_response(card)
+    wanted = model_id.lstrip("/")
+    for card in await _model_cards(request):
+        if card.id == wanted:
+            return json_response(card)
+    raise APIError(
+        404,
+        f"the model '{wanted}' does not exist",
+        param="model",
+        code="model_not_found",
+        type="invalid_request_error",
+    )
 
 
-def _model_card(request: Request[Any, Any, Any]) -> ModelCard:
+async def _model_cards(request: Request[Any, Any, Any]) -> list[ModelCard]:
     server = state(request)
     server.ready_manager()
-    info = server.client.loaded
-    return ModelCard(
-        id=info.name,
-        created=int(server.started),
-        root=info.path,
-        max_model_len=info.context_length,
-    )
+    listed = await asyncio.to_thread(listed_models, server.pool, server.args.context_length)
+    created = int(server.started)
+    return [
+        ModelCard(id=m.name, created=created, root=m.path, max_model_len=m.context_length)
+        for m in listed
+    ]
 
 
 ROUTES = [chat_completions, completions, embeddings, list_models, get_model]

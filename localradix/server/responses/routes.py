@@ -73,7 +73,7 @@ def _earlier(
 )
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ResponsesRequest, RENAMES)
-    manager = state(request).ready_manager()
+    manager = await state(request).manager_for(request, body.model)
     store = _store(request)
     earlier = _earlier(store, body.previous_response_id, manager.args.disable_radix_cache)
     conversation = [*(earlier.conversation if earlier else ()), *input_messages(body.input)]
