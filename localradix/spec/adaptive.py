@@ -106,6 +106,15 @@ class AdaptiveK:
             self.enabled = False
 
     @property
+    def alpha(self) -> float:
+        """The chance that a draft is accepted given the ones before it were, over the window:
+        the geometric estimate accepted / (accepted + rejections), from one accepted and one
+        rejected draft before any step (a step that kept all its drafts saw no rejection)."""
+        accepted = sum(a for _, a in self._recent)
+        rejections = sum(a < d for d, a in self._recent)
+        return (accepted + 1) / (accepted + rejections + 2)
+
+    @property
     def window_rate(self) -> float:
         """Acceptance rate over the last `window` steps with a draft."""
         drafted = sum(d for d, _ in self._recent)
