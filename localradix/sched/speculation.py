@@ -51,6 +51,26 @@ class RequestSpec:
     adaptive: AdaptiveK
     # Grammar requests: mask rows after each kept draft (`draft_masks`), for this step's rows.
     masks: np.ndarray | None = None
+    # Drafts proposed while k = 0 (not run): scored against the tokens that come next.
+    shadow: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
+    shadow_matched: int = 0
+
+    def score_shadow(self, tokens: list[int]) -> None:
+        """Compare the shadow drafts with the tokens emitted after them; once they are decided
+        (one differs, or all matched), they count towards the acceptance estimate."""
+        for token in tokens:
+            if not len(self.shadow):
+                return
+            if token != self.shadow[self.shadow_matched]:
+                self._close_shadow()
+            else:
+                self.shadow_matched += 1
+                if self.shadow_matched == len(self.shadow):
+                    self._close_shadow()
+
+    def _close_shadow(self) -> None:
+        self.adaptive.score(len(self.shadow), self.shadow_matched)
+        self.shadow, self.shadow_matched = _NO_DRAFTS, 0
 
 
 @dataclass(eq=False)
@@ -85,7 +105,10 @@ class Speculator:
             req.draft_ids = _NO_DRAFTS
             if not self.enabled or not self._eligible(req):
                 continue
-            drafts = self._propose(req, self.draft_len(req, work))
+            k = self.draft_len(req, work)
+            if k == 0 and not len(req.spec.shadow):  # would not pay: keep them to score
+                req.spec.shadow = self._propose(req, self._adaptive.k_max, grammar=False)
+            drafts = self._propose(req, k) if k else _NO_DRAFTS
             if not len(drafts):
                 continue
             room = room and self.slots.reserve_drafts(req, len(drafts))
@@ -102,7 +125,9 @@ class Speculator:
             req.spec.adaptive.record(len(drafts), verdict.accepted)
             req.spec.masks = None
         if req.spec is not None:
-            req.spec.drafter.append(verdict.tokens(drafts)[:taken].tolist())
+            tokens = verdict.tokens(drafts)[:taken].tolist()
+            req.spec.drafter.append(tokens)
+            req.spec.score_shadow(tokens)
 
     def draft_len(self, req: Req, work: tuple[int, float]) -> int:
         """How many drafts pay for themselves for `req` in a step whose plain decode runs
@@ -148,13 +173,13 @@ class Speculator:
             req.spec = RequestSpec(drafter, AdaptiveK(self._adaptive))
         return True
 
-    def _propose(self, req: Req, k: int) -> np.ndarray:
+    def _propose(self, req: Req, k: int, grammar: bool = True) -> np.ndarray:
         room = min(req.remaining_new_tokens - 1, self.context_len - req.seq_len - 1)
         k = min(k, room)
         if k <= 0:
             return _NO_DRAFTS
         drafts = np.asarray(req.spec.drafter.propose(k).tokens, dtype=np.int64)
-        if req.grammar is not None and len(drafts):
+        if grammar and req.grammar is not None and len(drafts):
             masks = np.full((len(drafts) + 1, (self.vocab_size + 31) // 32), -1, dtype=np.int32)
             kept = draft_masks(req.grammar, drafts, masks, 0)
             drafts = drafts[:kept]

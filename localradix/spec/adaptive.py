@@ -96,6 +96,15 @@ class AdaptiveK:
             self.k = min(self.config.k_max, 2 * self.k)
         else:
             self.k = max(1, min(self.k, accepted + 1))
+        self.score(drafted, accepted)
+
+    def score(self, drafted: int, accepted: int) -> None:
+        """Judge drafts by how many the model agreed with: verified ones (`record`), or ones
+        proposed but not run because they would not have paid, compared with the tokens
+        that came next (free evidence: without it such a request could never show that its
+        drafts have become good)."""
+        if drafted == 0:
+            return
         self._recent.append((drafted, accepted))
         if len(self._recent) > self.config.window:
             self._recent.popleft()

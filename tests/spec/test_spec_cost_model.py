@@ -142,3 +142,18 @@ def test_acceptance_estimate_is_the_geometric_one():
     for _ in range(4):  # the window forgets the old steps
         ak.record(1, 0)
     assert ak.alpha == pytest.approx(1 / 6)
+
+
+def test_drafts_not_run_are_scored_against_the_tokens_that_follow():
+    from localradix.sched.speculation import RequestSpec
+    from localradix.spec import NgramConfig, NgramDrafter
+
+    spec = RequestSpec(NgramDrafter(NgramConfig(), [1, 2, 3]), AdaptiveK(AdaptiveConfig()))
+    spec.shadow = np.array([5, 6, 7])
+    spec.score_shadow([5])
+    spec.score_shadow([6, 9])  # 2 agreed, then one differed: decided
+    assert not len(spec.shadow) and spec.adaptive.alpha == pytest.approx((2 + 1) / (2 + 1 + 2))
+    spec.shadow = np.array([4, 4])
+    spec.score_shadow([4, 4, 8])  # all agreed
+    assert spec.adaptive.alpha == pytest.approx((4 + 1) / (4 + 1 + 2))
+    assert spec.adaptive.counters.steps == 0  # nothing was verified: /metrics unchanged
