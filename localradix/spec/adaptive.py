@@ -97,6 +97,12 @@ class AdaptiveK:
         else:
             self.k = max(1, min(self.k, accepted + 1))
         self.score(drafted, accepted)
+        # Only verified drafts switch a request off: shadow ones cost nothing to be wrong.
+        if (
+            len(self._recent) == self.config.window
+            and self.window_rate < self.config.min_acceptance
+        ):
+            self.enabled = False
 
     def score(self, drafted: int, accepted: int) -> None:
         """Judge drafts by how many the model agreed with: verified ones (`record`), or ones
@@ -108,11 +114,6 @@ class AdaptiveK:
         self._recent.append((drafted, accepted))
         if len(self._recent) > self.config.window:
             self._recent.popleft()
-        if (
-            len(self._recent) == self.config.window
-            and self.window_rate < self.config.min_acceptance
-        ):
-            self.enabled = False
 
     @property
     def alpha(self) -> float:

@@ -11,9 +11,9 @@ With a per-draft acceptance α, k drafts yield `(1 − α^(k+1)) / (1 − α)` t
 (the accepted run plus the token after it), so the best k maximises that per unit of cost and
 is 0 — plain decode — when no k beats one token per step: drafts are never a net loss.
 
-The fit is least squares over exponentially forgotten steps, ridged towards the prior β (so a
-direction the recent steps never varied, e.g. rows while nobody drafts, falls back to the
-prior instead of drifting). Times are in units of the first step's, so the ridge is scale-free.
+The fit is least squares over exponentially forgotten steps, the per-row costs ridged towards
+the prior β (so a direction the recent steps never varied, e.g. rows while nobody drafts,
+falls back to the prior instead of drifting, and one odd verify step does not decide alone). Times are in units of the first step's, so the ridge is scale-free.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ __all__ = ["CostConfig", "StepCostModel", "best_draft_len", "expected_tokens"]
 @dataclass(frozen=True)
 class CostConfig:
     beta_prior: float = 0.3  # a draft row's cost over a decode step's, before any verify step
-    ridge: float = 0.5  # weight of the prior, in steps
+    ridge: float = 2.0  # weight of the prior, in steps: one odd verify step is not the truth
     forget: float = 0.98  # per observed step: the fit follows load and context within ~50 steps
-    outlier: float = 4.0  # a step slower than this × its prediction counts as this × (preempted)
+    outlier: float = 2.5  # a step slower than this × its prediction counts as this × (preempted)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.beta_prior or self.ridge <= 0 or not 0.0 < self.forget <= 1.0:
@@ -91,8 +91,10 @@ class StepCostModel:
     def _solve(self) -> np.ndarray:
         """Ridge least squares with no negative cost: a coefficient the fit makes negative
         (noise, or context and rows moving together) is held at 0 and the rest refitted."""
-        a = self._xx + self.config.ridge * np.eye(3)
-        b = self._xt + self.config.ridge * self._prior
+        # Every step observes c0 (its feature is 1): only the per-row costs lean on the prior.
+        ridge = self.config.ridge * np.array([1e-6, 1.0, 1.0])
+        a = self._xx + np.diag(ridge)
+        b = self._xt + ridge * self._prior
         free = np.ones(3, dtype=bool)
         theta = np.zeros(3)
         while free.any():
