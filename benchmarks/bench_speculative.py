@@ -10,8 +10,12 @@ renaming X to Y": the answer is mostly the file again), summarise-with-quotes (a
 greedy, once plain and once speculating, from a flushed cache whose only entry is its own
 prompt (so drafts come from the request, never from the other run's output) and with the
 prompt already computed (so the time is decode only). Prints tokens/s of both, their ratio,
-the acceptance rate, accepted drafts per verify step, tokens per step and whether the outputs
-are the same. Not a test: the figures depend on the machine and its load.
+the acceptance rate, accepted drafts per verify step, tokens per step, whether the outputs
+are the same, and the verify cost model's fit (per-step, per-row and per-row-per-1k-context
+seconds, and a draft row's cost beta at the prompt's context). Where on and off differ, it
+prints the first differing token and the gap between the two candidates' log-probabilities
+in a one-request run: llama.cpp's logits depend on the batch's shape in the last bits, so a
+near-tie can go either way. Not a test: the figures depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ def timed(engine: Engine, ids: list[int], params: SamplingParams) -> Run:
     )
 
 
+def divergence(engine: Engine, ids: list[int], off: list[int], on: list[int]) -> str:
+    """Where `on` first differs from `off`, and how far apart the two tokens' log-probs are."""
+    i = next((j for j, (a, b) in enumerate(zip(off, on)) if a != b), min(len(off), len(on)))
+    if i == len(off) == len(on):
+        return ""
+    engine.flush_cache()
+    one = SamplingParams(temperature=0, max_new_tokens=1, logprobs=5, speculative=False)
+    top = dict(engine.generate([ids + off[:i]], one)[0].logprobs[0].top)
+    gap = [f"{top[t]:.3f}" if t in top else "<top5" for t in (off[i : i + 1] + on[i : i + 1])]
+    return (
+        f"  first differs at token {i}: off {off[i : i + 1]} / on {on[i : i + 1]}, logprobs {gap}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="llamacpp", choices=("llamacpp", "cpu"))
@@ -125,6 +143,15 @@ def main() -> None:
                 f"{on.steps:5d} verify steps "
                 f"{'yes' if on.tokens == off.tokens else 'no'} ({len(on.tokens)} tokens)"
             )
+            costs = engine.core.scheduler.speculator.costs
+            c0, c1, c2 = costs.coefficients
+            beta = costs.beta(1, len(ids), len(ids))
+            print(
+                f"  cost fit: step {c0 * 1e3:.1f} ms + row {c1 * 1e3:.1f} ms + row/1k ctx "
+                f"{c2 * 1e3:.1f} ms; draft row beta {beta:.2f} at {len(ids)} tokens"
+            )
+            if on.tokens != off.tokens:
+                print(divergence(engine, ids, off.tokens, on.tokens))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class ExtendPlan:
     end: int
     slots: np.ndarray | None  # [S] slots of prefix + new tokens; None = no prefix (use k/v)
     causal: np.ndarray | None  # bool [E, S] causal mask offset by the prefix; None = no prefix
+    # `slots` as a slice when they are one ascending run: a view, no gather. A verify step is
+    # an extend of k + 1 tokens over a long prefix: gathering its K/V doubled its attention.
+    run: slice | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def plan_extend(batch: ForwardBatch, req: int) -> ExtendPlan:
         return ExtendPlan(start, end, None, None)
     kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
     causal = np.arange(len(kv))[None, :] <= prefix + np.arange(end - start)[:, None]
-    return ExtendPlan(start, end, kv, causal)
+    return ExtendPlan(start, end, kv, causal, contiguous_run(kv))
 
 
 def shared_prefix_groups(

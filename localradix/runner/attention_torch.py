@@ -49,7 +49,8 @@ class _DecodePlan:
 class _ExtendPlan:
     start: int  # first row of this request's new tokens in q
     end: int
-    slots: torch.Tensor | None  # [S] slots of prefix + new tokens; None = no prefix (use k/v)
+    # [S] slots of prefix + new tokens (a slice when contiguous); None = no prefix (use k/v)
+    slots: torch.Tensor | slice | None
     mask: torch.Tensor | None  # bool [E, S] causal mask offset by the prefix; None = is_causal
 
 
@@ -171,9 +172,8 @@ class TorchNativeAttention(AttentionBackend):
     def _extend_plan(self, plan: plans.ExtendPlan) -> _ExtendPlan:
         if plan.slots is None or plan.causal is None:
             return _ExtendPlan(plan.start, plan.end, None, None)
-        return _ExtendPlan(
-            plan.start, plan.end, self._tensor(plan.slots), self._tensor(plan.causal)
-        )
+        slots = plan.run if plan.run is not None else self._tensor(plan.slots)
+        return _ExtendPlan(plan.start, plan.end, slots, self._tensor(plan.causal))
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)

@@ -19,7 +19,7 @@ from localradix.sched.plan import forward_batch, penalized, verify_sampling
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
 from localradix.sched.slot_handoff import SlotHandoff
-from localradix.sched.speculation import Speculator, verdict_of
+from localradix.sched.speculation import Speculator, step_work, verdict_of
 from localradix.sched.stats import SchedulerStats
 from localradix.sched.stop_check import StopChecker
 from localradix.step import SampleOutput
@@ -40,7 +40,9 @@ class InFlight:
     is_prefill: bool
     num_tokens: int
     started: float
-    drafts_next: bool = False  # some request may draft at its next step (`Speculator.may_draft`)
+    drafts_next: bool = False  # some request may draft at its next step (`drafts_next`)
+    planned: float = 0.0  # when its planning began (drafting included), for the cost model
+    work: tuple[int, float] | None = None  # a decode step's (rows, context read): cost model
 
     @property
     def needs_host_tokens(self) -> bool:
@@ -64,11 +66,13 @@ class StepLauncher:
 
     def launch(self, batch: list[Req]) -> InFlight:
         """Hand the batch to the runner and move its KV bookkeeping past it."""
+        planned = time.monotonic()
         if self.speculator is not None:
             self.speculator.draft(batch)
         fb = forward_batch(batch, self.slots.req_pool.table)
         sb = verify_sampling(batch, self._rng, self.vocab_size)
         is_prefill = batch[0].state == ReqState.PREFILL
+        work = None if is_prefill else step_work(batch)
         started = time.monotonic()
         handle = self.runner.launch(fb, sb)
         epochs = [r.epoch for r in batch]
@@ -76,7 +80,7 @@ class StepLauncher:
         first_rows = fb.last_row - np.array([len(d) for d in drafts], dtype=np.int64)
         samples = [self._advance_kv(req, handle.placeholders, i) for i, req in enumerate(batch)]
         spec = self.speculator
-        drafts_next = spec is not None and any(spec.may_draft(r) for r in batch)
+        drafts_next = spec is not None and spec.drafts_next(batch)
         return InFlight(
             batch,
             epochs,
@@ -88,6 +92,8 @@ class StepLauncher:
             fb.num_tokens,
             started,
             drafts_next,
+            planned,
+            work,
         )
 
     def _advance_kv(self, req: Req, placeholders: np.ndarray | None, i: int) -> bool:
@@ -114,7 +120,13 @@ class StepLauncher:
     def read(self, step: InFlight) -> None:
         """Read the launched step's tokens (waiting for the device if needed) and apply them."""
         out = step.handle.result()
+        previous_read = self.stats.last_read
         self.stats.time_step(step.is_prefill, step.num_tokens, step.started)
+        if self.speculator is not None and step.work is not None:
+            # From planning (drafting is part of a verify's cost) or, with overlap, from the
+            # previous read: the steps ran back to back.
+            seconds = self.stats.last_read - max(step.planned, previous_read)
+            self.speculator.observe(step.work, seconds)
         for i, req in enumerate(step.reqs):
             # Dropped: a retracted request's token (it re-runs), or one after the request ended.
             if req.epoch != step.epochs[i] or req.finished:

@@ -6,7 +6,10 @@ longest prefix of drafts equal to the sampled tokens is kept plus the token afte
 
 Which requests speculate: decode requests whose tokens are all on the host, that did not opt
 out (`SamplingParams.speculative`), with room for k more tokens, and only while the pool has
-free slots for the drafts (drafts never evict the cache nor retract anyone). A grammar request
+free slots for the drafts (drafts never evict the cache nor retract anyone). How many: the k
+that maximises the request's expected tokens per unit of step cost (`spec.best_draft_len`),
+from its acceptance so far and what a draft row costs on this runner (`spec.StepCostModel`,
+fitted on the decode and verify steps' measured times), so 0 when drafting would not pay. A grammar request
 drafts only the tokens its grammar allows (`spec.draft_masks`). The KV of rejected drafts goes
 back to the pool at the read (`SlotHandoff.drop_rejected`).
 """
@@ -27,9 +30,11 @@ from localradix.spec import (
     AdaptiveK,
     NgramConfig,
     NgramDrafter,
+    StepCostModel,
     TreeContinuations,
     Verdict,
     accept,
+    best_draft_len,
     draft_masks,
 )
 
@@ -46,6 +51,26 @@ class RequestSpec:
     adaptive: AdaptiveK
     # Grammar requests: mask rows after each kept draft (`draft_masks`), for this step's rows.
     masks: np.ndarray | None = None
+    # Drafts proposed while k = 0 (not run): scored against the tokens that come next.
+    shadow: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
+    shadow_matched: int = 0
+
+    def score_shadow(self, tokens: list[int]) -> None:
+        """Compare the shadow drafts with the tokens emitted after them; once they are decided
+        (one differs, or all matched), they count towards the acceptance estimate."""
+        for token in tokens:
+            if not len(self.shadow):
+                return
+            if token != self.shadow[self.shadow_matched]:
+                self._close_shadow()
+            else:
+                self.shadow_matched += 1
+                if self.shadow_matched == len(self.shadow):
+                    self._close_shadow()
+
+    def _close_shadow(self) -> None:
+        self.adaptive.score(len(self.shadow), self.shadow_matched)
+        self.shadow, self.shadow_matched = _NO_DRAFTS, 0
 
 
 @dataclass(eq=False)
@@ -59,26 +84,31 @@ class Speculator:
     _ngram: NgramConfig = field(init=False)
     _adaptive: AdaptiveConfig = field(init=False)
     _tree: TreeContinuations = field(init=False)
+    costs: StepCostModel = field(default_factory=StepCostModel, init=False)
     _said: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         k_max = max(self.args.speculative_k, 1)
         m = self.args.speculative_min_match
         self._ngram = NgramConfig(min_match=m, max_match=max(8, m))
-        # Off for a request below half its drafts accepted: on a CPU a verify position costs
-        # nearly a decode step (measured: free chat at 0.27 acceptance ran 0.4x as fast).
-        self._adaptive = AdaptiveConfig(k_max=k_max, k_start=min(4, k_max), min_acceptance=0.5)
+        # Whether a draft pays is the cost model's call (`best_draft_len`); the adaptive
+        # switch-off only stops drafting (and its host work) for hopeless requests.
+        self._adaptive = AdaptiveConfig(k_max=k_max, k_start=min(4, k_max), min_acceptance=0.2)
         self._tree = TreeContinuations(self.cache, min_match=m, max_match=max(8, m))
 
     def draft(self, batch: list[Req]) -> None:
         """Give each eligible decode request of the batch its drafts for this step and the
         slots to write them to (`extend_len` becomes 1 + drafts)."""
         room = True
+        work = plain_work(batch)
         for req in batch:
             req.draft_ids = _NO_DRAFTS
             if not self.enabled or not self._eligible(req):
                 continue
-            drafts = self._propose(req)
+            k = self.draft_len(req, work)
+            if k == 0 and not len(req.spec.shadow):  # would not pay: keep them to score
+                req.spec.shadow = self._propose(req, self._adaptive.k_max, grammar=False)
+            drafts = self._propose(req, k) if k else _NO_DRAFTS
             if not len(drafts):
                 continue
             room = room and self.slots.reserve_drafts(req, len(drafts))
@@ -95,15 +125,38 @@ class Speculator:
             req.spec.adaptive.record(len(drafts), verdict.accepted)
             req.spec.masks = None
         if req.spec is not None:
-            req.spec.drafter.append(verdict.tokens(drafts)[:taken].tolist())
+            tokens = verdict.tokens(drafts)[:taken].tolist()
+            req.spec.drafter.append(tokens)
+            req.spec.score_shadow(tokens)
 
-    def may_draft(self, req: Req) -> bool:
-        """Whether the request may draft at its next step. Its drafts continue from this step's
-        tokens, so with overlap the next step waits for them (overlap pauses while it drafts)."""
-        if not self.enabled or not req.params.speculative or req.state != ReqState.DECODE:
+    def draft_len(self, req: Req, work: tuple[int, float]) -> int:
+        """How many drafts pay for themselves for `req` in a step whose plain decode runs
+        `work` = (rows, context tokens read): 0 when none does, at most `--speculative-k`."""
+        if req.spec is None:  # no verdict yet: the prior acceptance
+            alpha, k_max = AdaptiveK(self._adaptive).alpha, self._adaptive.k_max
+        else:
+            adaptive = req.spec.adaptive
+            alpha, k_max = adaptive.alpha, self._adaptive.k_max if adaptive.enabled else 0
+        return best_draft_len(alpha, self.costs.beta(*work, context=req.kv_len), k_max)
+
+    def drafts_next(self, batch: list[Req]) -> bool:
+        """Whether a request of the batch may draft at its next step. Its drafts continue from
+        this step's tokens, so with overlap the next step waits for them (overlap pauses while
+        it drafts): a request whose drafts would not pay keeps the overlap."""
+        if not self.enabled:
             return False
-        off = req.spec is not None and req.spec.adaptive.draft_len == 0
-        return not off and req.remaining_new_tokens > 1
+        work = plain_work(batch)
+        return any(self._may_draft(r) and self.draft_len(r, work) > 0 for r in batch)
+
+    def observe(self, work: tuple[int, float], seconds: float) -> None:
+        """A decode or verify step ran `work` = (rows, context tokens read) in `seconds`."""
+        if self.enabled:
+            self.costs.observe(*work, seconds)
+
+    def _may_draft(self, req: Req) -> bool:
+        if not req.params.speculative or req.state != ReqState.DECODE:
+            return False
+        return req.remaining_new_tokens > 1
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -120,13 +173,13 @@ class Speculator:
             req.spec = RequestSpec(drafter, AdaptiveK(self._adaptive))
         return True
 
-    def _propose(self, req: Req) -> np.ndarray:
+    def _propose(self, req: Req, k: int, grammar: bool = True) -> np.ndarray:
         room = min(req.remaining_new_tokens - 1, self.context_len - req.seq_len - 1)
-        k = min(req.spec.adaptive.draft_len, room)
+        k = min(k, room)
         if k <= 0:
             return _NO_DRAFTS
         drafts = np.asarray(req.spec.drafter.propose(k).tokens, dtype=np.int64)
-        if req.grammar is not None and len(drafts):
+        if grammar and req.grammar is not None and len(drafts):
             masks = np.full((len(drafts) + 1, (self.vocab_size + 31) // 32), -1, dtype=np.int32)
             kept = draft_masks(req.grammar, drafts, masks, 0)
             drafts = drafts[:kept]
@@ -137,6 +190,19 @@ class Speculator:
         if key not in self._said:
             self._said.add(key)
             logger.info("Speculative decoding: %s", message)
+
+
+def plain_work(batch: list[Req]) -> tuple[int, float]:
+    """(rows, context tokens read) of the batch decoding without drafts (a mixed batch's
+    prefill rows are left out: drafts then look dearer than they are, never cheaper)."""
+    return len(batch), float(sum(r.kv_len + 1 for r in batch))
+
+
+def step_work(batch: list[Req]) -> tuple[int, float]:
+    """(rows, context tokens read) of a decode step as launched, drafts included: request i's
+    1 + k_i rows read about its kv_len tokens each."""
+    rows = sum(1 + len(r.draft_ids) for r in batch)
+    return rows, float(sum((1 + len(r.draft_ids)) * (r.kv_len + 1) for r in batch))
 
 
 def verdict_of(drafts: np.ndarray, targets: np.ndarray) -> Verdict:

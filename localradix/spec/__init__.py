@@ -5,6 +5,12 @@ Numpy only (like `mem/`, `sched/`, `step/`): the scheduler drives it, every runn
 """
 
 from localradix.spec.adaptive import AdaptiveConfig, AdaptiveK, SpecCounters
+from localradix.spec.cost_model import (
+    CostConfig,
+    StepCostModel,
+    best_draft_len,
+    expected_tokens,
+)
 from localradix.spec.draft_kv import kept_kv_len, rejected_slots
 from localradix.spec.ngram import ContextIndex, Draft, NgramConfig, NgramDrafter
 from localradix.spec.tree_source import Continuation, ContinuationSource, TreeContinuations
@@ -28,6 +34,7 @@ __all__ = [
     "AdaptiveConfig",
     "AdaptiveK",
     "ContextIndex",
+    "CostConfig",
     "Continuation",
     "ContinuationSource",
     "Draft",
@@ -35,11 +42,14 @@ __all__ = [
     "NgramDrafter",
     "RollbackGrammar",
     "SpecCounters",
+    "StepCostModel",
     "TreeContinuations",
     "Verdict",
     "accept",
     "accept_batch",
+    "best_draft_len",
     "draft_masks",
+    "expected_tokens",
     "expand_sampling",
     "kept_kv_len",
     "position_uniforms",

@@ -96,14 +96,33 @@ class AdaptiveK:
             self.k = min(self.config.k_max, 2 * self.k)
         else:
             self.k = max(1, min(self.k, accepted + 1))
-        self._recent.append((drafted, accepted))
-        if len(self._recent) > self.config.window:
-            self._recent.popleft()
+        self.score(drafted, accepted)
+        # Only verified drafts switch a request off: shadow ones cost nothing to be wrong.
         if (
             len(self._recent) == self.config.window
             and self.window_rate < self.config.min_acceptance
         ):
             self.enabled = False
+
+    def score(self, drafted: int, accepted: int) -> None:
+        """Judge drafts by how many the model agreed with: verified ones (`record`), or ones
+        proposed but not run because they would not have paid, compared with the tokens
+        that came next (free evidence: without it such a request could never show that its
+        drafts have become good)."""
+        if drafted == 0:
+            return
+        self._recent.append((drafted, accepted))
+        if len(self._recent) > self.config.window:
+            self._recent.popleft()
+
+    @property
+    def alpha(self) -> float:
+        """The chance that a draft is accepted given the ones before it were, over the window:
+        the geometric estimate accepted / (accepted + rejections), from one accepted and one
+        rejected draft before any step (a step that kept all its drafts saw no rejection)."""
+        accepted = sum(a for _, a in self._recent)
+        rejections = sum(a < d for d, a in self._recent)
+        return (accepted + 1) / (accepted + rejections + 2)
 
     @property
     def window_rate(self) -> float:

@@ -10,6 +10,7 @@ import pytest
 
 from localradix import Engine, SamplingParams
 from localradix.runner.overlap import OverlapRunner
+from localradix.spec import CostConfig, StepCostModel
 
 from .conftest import hf_greedy, random_prompts, token_lists
 
@@ -108,3 +109,27 @@ def test_overlap_schedule_verifies_with_the_same_tokens(tiny_model):
         time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
         assert token_lists(engine.generate(prompts, params)) == refs
         _assert_drafts_were_verified(engine)
+
+
+class _DearDrafts(StepCostModel):
+    """A runner where a draft row costs ten decode steps."""
+
+    def beta(self, batch_rows: int, batch_attention: float, context: int) -> float:
+        return 10.0
+
+
+def test_the_cost_model_decides_and_tokens_stay_the_same(tiny_model):
+    """Whatever k the cost model picks, greedy tokens are transformers': pinned dear (a draft
+    row costs a whole step) nobody drafts; pinned free, every request drafts k_max."""
+    folder, prompts, refs, params = _greedy_case(tiny_model, 11, (12, 20, 7))
+    with Engine(str(folder), dtype="float32", max_total_tokens=4096, speculative="ngram") as eng:
+        speculator = eng.core.scheduler.speculator
+        assert token_lists(eng.generate(prompts, params)) == refs  # the fitted model
+        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        verified = eng.stats().spec_verify_steps
+        speculator.costs = _DearDrafts()
+        assert token_lists(eng.generate(prompts, params)) == refs
+        assert eng.stats().spec_verify_steps == verified  # drafts would not pay: none ran
+        speculator.costs = StepCostModel(CostConfig(beta_prior=0.0, ridge=1e12))
+        assert token_lists(eng.generate(prompts, params)) == refs
+        _assert_drafts_were_verified(eng)

@@ -78,11 +78,31 @@ def test_retraction_with_speculation(gguf, backend):
         assert sum(len(p) + 2 * NEW for p in prompts) > 256 + 64, "must not fit at once"
         off = token_lists(engine.generate(prompts, greedy.replace(speculative=False)))
         retracted = engine.stats().retractions
-        assert token_lists(engine.generate(prompts, greedy)) == off
+        on = token_lists(engine.generate(prompts, greedy))
         stats = engine.stats()
         assert retracted > 0 and stats.retractions > retracted, "the pool never ran short"
         assert stats.spec_accepted_tokens > 0
         engine.check_invariants(idle=True)
+        _assert_same_up_to_near_ties(engine, prompts, off, on)
+
+
+def _assert_same_up_to_near_ties(
+    engine: Engine, prompts: list[list[int]], off: list[list[int]], on: list[list[int]]
+) -> None:
+    """llama.cpp's logits depend on the batch's shape in the last bits (a k+1-row verify, a
+    retracted request's re-prefill, who else is in the batch), and which k a request drafts
+    depends on measured step times: where on and off differ, the first differing token must
+    be a near-tie between the two, i.e. both within 0.1 nats of the top in a one-request run
+    (seen: 0.05 nats apart at token 34 of the third prompt)."""
+    one = SamplingParams(temperature=0, max_new_tokens=1, logprobs=4, speculative=False)
+    for prompt, a, b in zip(prompts, off, on):
+        if a == b:
+            continue
+        i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+        engine.flush_cache()
+        top = dict(engine.generate([prompt + a[:i]], one)[0].logprobs[0].top)
+        best = max(top.values())
+        assert best - top.get(a[i], -99) < 0.1 and best - top.get(b[i], -99) < 0.1, (i, top)
 
 
 def test_grammar_requests_draft_what_their_grammar_allows(gguf):

@@ -65,6 +65,10 @@ def test_each_request_sees_exactly_its_slots(batch, gather_tokens, minimum) -> N
         else:
             assert extend.slots.tolist() == _table(batch, req)
             assert extend.causal is not None and extend.causal.sum(axis=1)[-1] == len(extend.slots)
+            if extend.run is not None:  # the view a verify step reads instead of gathering
+                assert list(range(extend.run.start, extend.run.stop)) == _table(batch, req)
+            else:
+                assert np.any(np.diff(extend.slots) != 1)
     assert sorted(seen) == list(range(batch.num_reqs))
 
 
