@@ -85,8 +85,10 @@ class Child:
         if self.restart_at is not None:
             if now >= self.restart_at:
                 self.restarts += 1
-                logger.info("restarting %s (restart %d)", self.name, self.restarts)
                 self.start()
+                logger.info(
+                    "%s on %s, pid %s (restart %d)", self.name, self.url, self.pid, self.restarts
+                )
             return
         code = self.exit_code()
         if code is None:
