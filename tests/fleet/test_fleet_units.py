@@ -1,0 +1,111 @@
+"""The fleet's pieces without processes: where replicas run, smg's command line, restart
+backoff, the CLI flags, and the message when smg is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from localradix import cli
+from localradix.config import ServerArgs, args_from_namespace
+from localradix.fleet import gateway
+from localradix.fleet.child import Backoff, Child
+from localradix.fleet.placement import place_replicas, visible_gpus
+
+
+def test_cpu_replicas_split_the_cores():
+    placements = place_replicas(3, ServerArgs(), gpus=[], cores=8)
+    assert [p.flags for p in placements] == [("--threads", "2")] * 3
+    assert all(p.env["OMP_NUM_THREADS"] == "2" for p in placements)
+
+
+def test_given_threads_are_kept_for_every_replica():
+    (placement,) = place_replicas(1, ServerArgs(threads=3), gpus=[], cores=8)
+    assert placement.flags == () and placement.env["OMP_NUM_THREADS"] == "3"
+
+
+def test_gpu_replicas_get_one_device_each_in_turn():
+    placements = place_replicas(3, ServerArgs(), gpus=["4", "7"])
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in placements] == ["4", "7", "4"]
+    assert all(p.flags == () for p in placements)
+
+
+def test_cpu_backends_ignore_gpus():
+    (placement,) = place_replicas(1, ServerArgs(backend="llamacpp"), gpus=["0"], cores=4)
+    assert "CUDA_VISIBLE_DEVICES" not in placement.env
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert visible_gpus() == []
+
+
+def test_gateway_command_line():
+    args = ServerArgs(host="0.0.0.0", port=9000, router_policy="round_robin", cors_origins=("*",))
+    argv = gateway.gateway_argv(args, ["http://127.0.0.1:1", "http://127.0.0.1:2"], 1234)
+    assert argv[:5] == [sys.executable, "-m", "smg", "launch", "--worker-urls"]
+    text = " ".join(argv)
+    assert "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2 --policy round_robin" in text
+    assert "--host 0.0.0.0 --port 9000" in text
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 1234" in text
+    assert "--cors-allowed-origins *" in text
+
+
+def test_smg_accepts_the_gateway_command_line():
+    argv = gateway.gateway_argv(ServerArgs(), ["http://127.0.0.1:1"], 1234)
+    help_text = subprocess.run(
+        [*argv[:4], "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for flag in (a for a in argv[4:] if a.startswith("--")):
+        assert flag in help_text, flag
+
+
+def test_a_missing_smg_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(gateway.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(gateway.GatewayMissing, match=r"pip install 'localradix\[gateway\]'"):
+        gateway.require_smg()
+
+
+@given(st.integers(min_value=1, max_value=50))
+def test_backoff_doubles_up_to_its_cap(failures: int):
+    backoff = Backoff(first_s=1.0, max_s=30.0)
+    assert backoff.delay(1) == 1.0
+    assert backoff.delay(failures) <= 30.0
+    assert backoff.delay(failures + 1) == min(30.0, 2 * backoff.delay(failures))
+
+
+def test_a_child_that_exits_is_restarted_after_its_backoff():
+    argv = [sys.executable, "-c", "raise SystemExit(3)"]
+    child = Child("replica 0", argv, 1, {}, Backoff(first_s=0.2, healthy_s=60))
+    child.start()
+    child.process.proc.wait(30)  # type: ignore[union-attr]
+    child.tend(time.monotonic())
+    assert child.restart_at is not None and child.failures == 1 and child.restarts == 0
+    first_pid = child.pid
+    child.tend(child.restart_at)
+    assert child.restarts == 1 and child.pid != first_pid and child.restart_at is None
+    child.process.proc.wait(30)  # type: ignore[union-attr]
+    child.tend(time.monotonic())
+    assert child.failures == 2 and child.restart_at is not None  # no healthy stretch: 0.4 s
+    child.stop()
+
+
+def test_replicas_and_dp_are_one_flag():
+    parser = cli.build_parser()
+    assert args_from_namespace(parser.parse_args(["serve", "--dp", "3"])).replicas == 3
+    args = args_from_namespace(parser.parse_args(["serve", "--replicas", "2"]))
+    assert args.replicas == 2 and args.router_policy == "cache_aware"
+
+
+def test_serve_refuses_replicas_below_one(capsys):
+    from localradix.fleet.supervisor import run_fleet
+
+    assert run_fleet(ServerArgs(replicas=0)) == 1
+    assert "--replicas must be at least 1" in capsys.readouterr().err
