@@ -56,6 +56,8 @@ class Stats:
     uptime_s: float | None = None
     time: float | None = None
     engine_alive: bool | None = None  # False: the API answers but its engine process is gone
+    replicas: tuple[Mapping[str, Any], ...] = ()  # behind an smg gateway (tui/gateway.py)
+    routing_hit_rate: float | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Stats:
@@ -71,6 +73,8 @@ class Stats:
             uptime_s=number(data.get("uptime_s")),
             time=number(data.get("time")),
             engine_alive=alive if isinstance(alive := data.get("engine_alive"), bool) else None,
+            replicas=rows(data.get("replicas")),
+            routing_hit_rate=number(data.get("routing_hit_rate")),
         )
 
     def get(self, key: str) -> float | None:

@@ -109,3 +109,30 @@ def test_serve_refuses_replicas_below_one(capsys):
 
     assert run_fleet(ServerArgs(replicas=0)) == 1
     assert "--replicas must be at least 1" in capsys.readouterr().err
+
+
+def test_replica_stats_merge_into_one_fleet_snapshot():
+    from localradix.tui.gateway import merge_replicas
+    from localradix.tui.stats import Stats
+
+    def payload(running: int, hits: int, misses: int, kv_used: int) -> dict:
+        engine = {"running": running, "queued": 0, "kv_total": 1000, "kv_used": kv_used}
+        engine.update(cache_hit_tokens=hits, cache_miss_tokens=misses)
+        engine["requests"] = [{"id": f"r{running}", "state": "decode"}]
+        return {"model": {"name": "m"}, "engine_alive": True, "engine": engine}
+
+    merged = merge_replicas(
+        [
+            ("http://a", payload(2, 30, 10, 100)),
+            ("http://b", payload(1, 10, 50, 300)),
+            ("http://c", None),
+        ]
+    )
+    stats = Stats.parse(merged)
+    assert (
+        stats.get("running") == 3 and stats.get("kv_used") == 400 and stats.get("kv_total") == 2000
+    )
+    assert len(stats.requests) == 2 and stats.model["name"] == "m"
+    assert stats.routing_hit_rate == 40 / 100
+    assert [r["up"] for r in stats.replicas] == [True, True, False]
+    assert stats.replicas[0]["hit_rate"] == 0.75 and stats.replicas[2]["hit_rate"] is None

@@ -217,3 +217,36 @@ def _skipped(run: RunResult) -> int:
 def _new_pid(fleet: Fleet, name: str, old: int) -> int | None:
     pid = fleet.replicas().get(name, ("", old))[1]
     return pid if pid != old else None
+
+
+def test_the_dashboard_on_the_gateway_shows_each_replica(fleet: Fleet):
+    from localradix.tui.feed import Snapshot
+    from localradix.tui.gateway import GatewayFeed
+    from localradix.tui.main import make_app
+    from localradix.tui.stats import Stats
+    from localradix.tui.tables import ReplicaTable
+
+    async def first_snapshot() -> Stats:
+        async for event in GatewayFeed(fleet.url).events():
+            if isinstance(event, Snapshot):
+                return Stats.parse(event.data)
+        raise AssertionError("the feed ended")
+
+    stats = asyncio.run(first_snapshot())
+    urls = sorted(url for url, _ in fleet.replicas().values())
+    assert [r["url"] for r in stats.replicas] == urls and all(r["up"] for r in stats.replicas)
+    assert stats.get("kv_total") == sum(r["kv_total"] for r in stats.replicas)
+    assert stats.routing_hit_rate is not None  # the earlier tests sent shared prefixes
+
+    async def dashboard_rows() -> int:
+        app = make_app(fleet.url, None)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.1)
+                tables = [t for t in app.tables if isinstance(t, ReplicaTable)]
+                if tables and tables[0].row_count:
+                    assert "routing hit rate" in str(tables[0].border_title)
+                    return tables[0].row_count
+        return 0
+
+    assert asyncio.run(dashboard_rows()) == 2
