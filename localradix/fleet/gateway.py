@@ -31,7 +31,8 @@ def require_smg() -> None:
 
 
 def gateway_argv(args: ServerArgs, worker_urls: list[str], metrics_port: int) -> list[str]:
-    argv = [sys.executable, "-m", "smg", "launch", "--worker-urls", *worker_urls]
+    argv = [sys.executable, "-m", "localradix.fleet.smg_launch", "launch"]
+    argv += ["--worker-urls", *worker_urls]
     argv += ["--policy", args.router_policy, "--host", args.host, "--port", str(args.port)]
     # smg's Prometheus listener defaults to 0.0.0.0:29000: keep it private and off fixed ports.
     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]

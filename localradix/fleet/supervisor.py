@@ -47,7 +47,8 @@ class Fleet:
         urls = [r.url for r in self.replicas]
         argv = gateway_argv(args, urls, free_port(WORKER_HOST))
         front = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-        self.gateway = Child("gateway", argv, args.port, localradix_env(), backoff, front)
+        env = {**localradix_env(), **_key_env(args)}
+        self.gateway = Child("gateway", argv, args.port, env, backoff, front)
         self.stopping = threading.Event()
 
     @property
@@ -94,17 +95,22 @@ class Fleet:
 
 
 def _replica(index: int, args: ServerArgs, placement: Placement, backoff: Backoff) -> Child:
-    from localradix.server.security import API_KEY_ENV, resolve_api_key
     from localradix.tui.main import serve_argv
 
     port = free_port(WORKER_HOST)
     worker = dataclasses.replace(args, replicas=1, router_policy="cache_aware")
     argv = serve_argv(argparse.Namespace(**dataclasses.asdict(worker)), port)
-    env = {**localradix_env(), **placement.env}
-    if key := resolve_api_key(args):
-        env[API_KEY_ENV] = key  # through the environment: a command line shows in `ps`
+    env = {**localradix_env(), **placement.env, **_key_env(args)}
     logger.info("replica %d: %s", index, placement.label)
     return Child(f"replica {index}", [*argv, *placement.flags], port, env, backoff)
+
+
+def _key_env(args: ServerArgs) -> dict[str, str]:
+    """The API key for the replicas and smg, through the environment: `ps` shows argv."""
+    from localradix.server.security import API_KEY_ENV, resolve_api_key
+
+    key = resolve_api_key(args)
+    return {API_KEY_ENV: key} if key else {}
 
 
 def run_fleet(args: ServerArgs) -> int:

@@ -50,7 +50,13 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
 def test_gateway_command_line():
     args = ServerArgs(host="0.0.0.0", port=9000, router_policy="round_robin", cors_origins=("*",))
     argv = gateway.gateway_argv(args, ["http://127.0.0.1:1", "http://127.0.0.1:2"], 1234)
-    assert argv[:5] == [sys.executable, "-m", "smg", "launch", "--worker-urls"]
+    assert argv[:5] == [
+        sys.executable,
+        "-m",
+        "localradix.fleet.smg_launch",
+        "launch",
+        "--worker-urls",
+    ]
     text = " ".join(argv)
     assert "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2 --policy round_robin" in text
     assert "--host 0.0.0.0 --port 9000" in text
