@@ -11,16 +11,25 @@ plus the routing hit rate (cached over looked-up prompt tokens, summed over repl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from localradix.tui.api import auth_headers
+from localradix.tui.api import auth_headers, describe_error
 from localradix.tui.feed import Connected, Disconnected, FeedEvent, HttpFeed, Snapshot
 from localradix.tui.stats import ENGINE_NUMBERS, mapping, rows
 
 WORKERS_REFRESH_S = 2.0
+BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Answer:
+    workers: list[str] | None  # the gateway's worker URLs; None: not a gateway
 
 
 class GatewayFeed:
@@ -33,21 +42,37 @@ class GatewayFeed:
         async with httpx.AsyncClient(
             headers=auth_headers(self.api_key), timeout=httpx.Timeout(5.0), trust_env=False
         ) as client:
-            workers = await self._workers(client)
-            if workers is None:  # not a gateway
-                async for event in HttpFeed(self.url, self.api_key).events():
+            async for event in self._probe(client):
+                if not isinstance(event, Answer):
                     yield event
+                elif event.workers is None:  # a plain server
+                    async for plain in HttpFeed(self.url, self.api_key).events():
+                        yield plain
+                else:
+                    yield Connected(self.url, "gateway")
+                    async for fleet_event in self._fleet(client, event.workers):
+                        yield fleet_event
+
+    async def _probe(self, client: httpx.AsyncClient) -> AsyncIterator[Any]:
+        """Disconnected events until the URL answers, then its Answer: a gateway that
+        `localradix up --replicas` is still starting is waited for."""
+        for attempt in itertools.count():
+            try:
+                yield Answer(await self._workers(client))
                 return
-            yield Connected(self.url, "gateway")
-            async for event in self._fleet(client, workers):
-                yield event
+            except httpx.HTTPError as e:
+                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                yield Disconnected(describe_error(e), delay)
+                await asyncio.sleep(delay)
 
     async def _fleet(self, client: httpx.AsyncClient, workers: list[str]) -> AsyncIterator[Any]:
         refreshed = asyncio.get_running_loop().time()
         while True:
             now = asyncio.get_running_loop().time()
             if now - refreshed >= WORKERS_REFRESH_S:
-                workers, refreshed = await self._workers(client) or workers, now
+                with contextlib.suppress(httpx.HTTPError):
+                    workers = await self._workers(client) or workers
+                refreshed = now
             payloads = await asyncio.gather(*(self._stats(client, w) for w in workers))
             if any(p is not None for p in payloads):
                 yield Snapshot(merge_replicas(list(zip(workers, payloads, strict=True))))
@@ -56,11 +81,12 @@ class GatewayFeed:
             await asyncio.sleep(self.poll_interval)
 
     async def _workers(self, client: httpx.AsyncClient) -> list[str] | None:
-        """The gateway's worker URLs; None if the URL is not an smg gateway."""
+        """The gateway's worker URLs; None if the URL answers but is not an smg gateway,
+        httpx.HTTPError if it does not answer."""
+        r = await client.get(self.url + "/workers")
         try:
-            r = await client.get(self.url + "/workers")
             listed = r.json().get("workers") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (ValueError, AttributeError):
             return None
         if not isinstance(listed, list):
             return None

@@ -142,3 +142,23 @@ def test_replica_stats_merge_into_one_fleet_snapshot():
     assert stats.routing_hit_rate == 40 / 100
     assert [r["up"] for r in stats.replicas] == [True, True, False]
     assert stats.replicas[0]["hit_rate"] == 0.75 and stats.replicas[2]["hit_rate"] is None
+
+
+def test_the_gateway_feed_waits_for_a_gateway_that_is_not_up_yet():
+    import asyncio
+
+    from localradix.bench.launch import free_port
+    from localradix.tui.feed import Disconnected
+    from localradix.tui.gateway import GatewayFeed
+
+    async def first_two() -> list:
+        events = []
+        async for event in GatewayFeed(f"http://127.0.0.1:{free_port()}").events():
+            events.append(event)
+            if len(events) == 2:
+                return events
+        return events
+
+    events = asyncio.run(first_two())
+    assert all(isinstance(e, Disconnected) for e in events)
+    assert [e.retry_in for e in events] == [0.5, 1.0]
