@@ -176,7 +176,7 @@ class ServerArgs:
     replicas: int = _opt(
         "data-parallel replicas: N > 1 starts N engines, each with its own radix cache (one GPU "
         "each on CUDA, else the CPU cores split between them), and the smg gateway in front on "
-        "--host/--port; needs `pip install 'localradix[gateway]'`",
+        "--host/--port; needs `pip install smg` (the gateway extra)",
         default=1,
         aliases=("--dp",),
     )

@@ -1,4 +1,4 @@
-"""Data-parallel replicas behind the smg gateway: `localradix serve --replicas N`.
+"""Data-parallel replicas behind the smg gateway: `localradix serve --replicas 2`.
 
 N full `localradix serve` workers (each its own engine and radix cache, on loopback ports) and
 `smg launch --policy cache_aware` in front of them on the user's --host/--port, started and

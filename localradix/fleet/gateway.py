@@ -14,7 +14,7 @@ import sys
 
 from localradix.config import ServerArgs
 
-INSTALL_HINT = "pip install 'localradix[gateway]'"
+INSTALL_HINT = "pip install smg"  # the `gateway` extra
 HEALTH_INTERVAL_S = 2  # how soon a dead replica is skipped and a restarted one routed to
 LOG_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "error"}
 
@@ -26,7 +26,8 @@ class GatewayMissing(RuntimeError):
 def require_smg() -> None:
     if importlib.util.find_spec("smg") is None:
         raise GatewayMissing(
-            f"--replicas needs the smg gateway, which is not installed: {INSTALL_HINT}"
+            f"--replicas needs the smg gateway, which is not installed: {INSTALL_HINT} "
+            "(or install localradix with its gateway extra)"
         )
 
 

@@ -1,4 +1,4 @@
-"""`localradix serve --replicas N`: start N replicas and the smg gateway, keep them running,
+"""`localradix serve --replicas 2`: start N replicas and the smg gateway, keep them running,
 stop them all on Ctrl-C / SIGTERM.
 
 Startup is all or nothing: every replica must load its model (in parallel) before the gateway

@@ -1,4 +1,4 @@
-"""The dashboard on the smg gateway of `localradix serve --replicas N`: one snapshot merged
+"""The dashboard on the smg gateway of `localradix serve --replicas 2`: one snapshot merged
 from every replica's stats.
 
 `GatewayFeed` asks the URL for smg's worker list (`GET /workers`); a plain localradix server
@@ -55,7 +55,7 @@ class GatewayFeed:
 
     async def _probe(self, client: httpx.AsyncClient) -> AsyncIterator[Any]:
         """Disconnected events until the URL answers, then its Answer: a gateway that
-        `localradix up --replicas` is still starting is waited for."""
+        `localradix up --replicas 2` is still starting is waited for."""
         for attempt in itertools.count():
             try:
                 yield Answer(await self._workers(client))

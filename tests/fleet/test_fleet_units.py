@@ -75,7 +75,7 @@ def test_smg_accepts_the_gateway_command_line():
 
 def test_a_missing_smg_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(gateway.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(gateway.GatewayMissing, match=r"pip install 'localradix\[gateway\]'"):
+    with pytest.raises(gateway.GatewayMissing, match="pip install smg"):
         gateway.require_smg()
 
 
