@@ -70,7 +70,8 @@ class Child:
         has exited."""
         code = self.exit_code()
         if code is not None:
-            raise LaunchError(self.process._failure(f"{self.name} exited with code {code}"))
+            log, tail = self.process.log_path, self.process.log_tail()
+            raise LaunchError(f"{self.name} exited with code {code} (log: {log}):\n{tail}")
         try:
             return client.get(self.url + "/health").status_code == 200
         except httpx.HTTPError:

@@ -162,3 +162,19 @@ def test_the_gateway_feed_waits_for_a_gateway_that_is_not_up_yet():
     events = asyncio.run(first_two())
     assert all(isinstance(e, Disconnected) for e in events)
     assert [e.retry_in for e in events] == [0.5, 1.0]
+
+
+def test_a_replica_that_cannot_start_stops_the_fleet_with_its_reason(tmp_path):
+    import os
+    from pathlib import Path
+
+    from localradix.bench.launch import free_port
+
+    missing = tmp_path / "missing.gguf"
+    argv = [sys.executable, "-m", "localradix", "serve", str(missing), "--replicas", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [*argv, "--port", str(free_port())], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 1
+    assert "exited with code 1" in done.stderr and "not found" in done.stderr
