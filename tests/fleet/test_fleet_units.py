@@ -178,3 +178,15 @@ def test_a_replica_that_cannot_start_stops_the_fleet_with_its_reason(tmp_path):
     )
     assert done.returncode == 1
     assert "exited with code 1" in done.stderr and "not found" in done.stderr
+
+
+def test_up_forwards_the_replica_flags_to_the_server_it_starts():
+    """`localradix up --replicas 2` starts `serve --replicas 2` and attaches to its gateway."""
+    from localradix.tui.main import serve_argv
+
+    ns = cli.build_parser().parse_args(["up", "--dp", "2", "--router-policy", "round_robin"])
+    argv = serve_argv(ns, 8123)
+    assert argv[argv.index("--replicas") + 1] == "2"
+    assert argv[argv.index("--router-policy") + 1] == "round_robin"
+    worker = serve_argv(cli.build_parser().parse_args(["up"]), 8123)
+    assert "--replicas" not in worker and "--router-policy" not in worker
