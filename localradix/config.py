@@ -16,6 +16,16 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 AUTO_ON_OFF = ("auto", "on", "off")
 QUANTIZE = ("auto", "off", "2", "3", "4", "5", "6", "8", "mxfp4", "mxfp8")
+# smg's routing policies that need nothing but worker URLs (see `smg launch --help`).
+ROUTER_POLICIES = (
+    "cache_aware",
+    "round_robin",
+    "power_of_two",
+    "least_load",
+    "prefix_hash",
+    "consistent_hashing",
+    "random",
+)
 
 
 def _opt(help: str, **kw: Any) -> Any:
@@ -189,6 +199,20 @@ class ServerArgs:
         "template), deepseek-r1, qwen3, magistral (off unless given)",
         default=None,
     )
+    # Replicas behind the smg gateway (localradix.fleet)
+    replicas: int = _opt(
+        "data-parallel replicas: N > 1 starts N engines, each with its own radix cache (one GPU "
+        "each on CUDA, else the CPU cores split between them), and the smg gateway in front on "
+        "--host/--port; needs `pip install smg` (the gateway extra)",
+        default=1,
+        aliases=("--dp",),
+    )
+    router_policy: str = _opt(
+        "how the gateway picks a replica (smg's --policy): cache_aware sends a conversation "
+        "back to the replica that holds its prefix",
+        default="cache_aware",
+        choices=ROUTER_POLICIES,
+    )
     log_level: str = _opt(
         "logging level", default="info", choices=("debug", "info", "warning", "error")
     )
@@ -202,8 +226,9 @@ def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
     for f in dataclasses.fields(ServerArgs):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-")]
         meta = dict(f.metadata)
+        flags += meta.pop("aliases", ())
         kwargs: dict[str, Any] = {"help": meta.pop("help"), "default": f.default}
         annotation = str(f.type)  # a string: this module uses postponed annotations
         if annotation == "bool":
@@ -215,7 +240,7 @@ def add_server_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
         else:
             kwargs["type"] = _parse_type(annotation)
             kwargs.update(meta)
-        parser.add_argument(flag, dest=f.name, **kwargs)
+        parser.add_argument(*flags, dest=f.name, **kwargs)
 
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:

@@ -49,7 +49,12 @@ def add_serve_parser(subparsers: Any) -> None:
 
 
 def run_serve(ns: argparse.Namespace) -> int:
-    return serve(args_from_namespace(ns))
+    args = args_from_namespace(ns)
+    if args.replicas != 1:  # N engines behind the smg gateway, supervised by this process
+        from localradix.fleet.supervisor import run_fleet
+
+        return run_fleet(args)
+    return serve(args)
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -35,7 +35,7 @@ from localradix.tui.panels import (
 )
 from localradix.tui.stats import Stats
 from localradix.tui.system import SystemProbe, SystemSample, merge
-from localradix.tui.tables import BatchTable, MissTable, PrefixTable, RowsTable
+from localradix.tui.tables import BatchTable, MissTable, PrefixTable, ReplicaTable, RowsTable
 from localradix.tui.trends import Trends
 
 THEMES = ("textual-dark", "textual-light")
@@ -151,6 +151,8 @@ class LocalRadixApp(App):
             self.on_connected()
             if self._model is None and self.stats.model.get("name"):
                 self._model = str(self.stats.model["name"])
+            if self.stats.replicas and not any(isinstance(t, ReplicaTable) for t in self.tables):
+                self.add_replica_table()
         elif isinstance(event, Connected):
             self.on_connected()
         elif isinstance(event, Disconnected):
@@ -160,6 +162,12 @@ class LocalRadixApp(App):
             self.request_render()
         else:
             self.render_view()
+
+    def add_replica_table(self) -> None:
+        """Attached to an smg gateway: show each replica above the running batch."""
+        table = ReplicaTable(id="replicas")
+        self.mount(table, before=self.tables[0])
+        self.tables.insert(0, table)
 
     def request_render(self) -> None:
         """Render now, or once at the end of the current interval if one just happened."""

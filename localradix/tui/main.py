@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from localradix.tui.api import ApiClient
-from localradix.tui.feed import HttpFeed
+from localradix.tui.gateway import GatewayFeed
 from localradix.tui.system import SystemProbe, is_local
 
 # Set by serve_and_attach itself (the key travels in the environment, not in argv).
@@ -41,7 +41,7 @@ def make_app(url: str, api_key: str | None, *, theme: str | None = None, server:
 
     pid = getattr(server, "pid", None)
     return LocalRadixApp(
-        HttpFeed(url, api_key),
+        GatewayFeed(url, api_key),
         ApiClient(url, api_key),
         probe=SystemProbe(local=is_local(url), pid=pid),
         server=server,

@@ -57,6 +57,8 @@ class Stats:
     time: float | None = None
     engine_alive: bool | None = None  # False: the API answers but its engine process is gone
     models: tuple[Mapping[str, Any], ...] = ()  # per model: name, state, memory, expires_at
+    replicas: tuple[Mapping[str, Any], ...] = ()  # behind an smg gateway (tui/gateway.py)
+    routing_hit_rate: float | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Stats:
@@ -73,6 +75,8 @@ class Stats:
             time=number(data.get("time")),
             engine_alive=alive if isinstance(alive := data.get("engine_alive"), bool) else None,
             models=rows(data.get("models")),
+            replicas=rows(data.get("replicas")),
+            routing_hit_rate=number(data.get("routing_hit_rate")),
         )
 
     def get(self, key: str) -> float | None:

@@ -34,7 +34,7 @@ class RowsTable(DataTable):
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
-            right = key not in ("id", "state", "preview", "why", "lock")
+            right = key not in ("id", "state", "preview", "why", "lock", "replica")
             self.add_column(
                 Text(label, justify="right" if right else "left"), key=key, width=width or 10
             )
@@ -159,6 +159,47 @@ class BatchTable(RowsTable):
                         r.get("retractions"),
                         style=self.color("text-error") if r.get("retractions") else "",
                     ),
+                ]
+            )
+        return out
+
+
+class ReplicaTable(RowsTable):
+    """Each replica behind an smg gateway: its batch, hit rate and KV (tui/gateway.py)."""
+
+    TITLE = "Replicas"
+    COLUMNS = (
+        ("replica", "replica", 22),
+        ("state", "state", 5),
+        ("running", "batch", 5),
+        ("queued", "wait", 5),
+        ("hits", "hit rate", 8),
+        ("kv", "KV used", 0),
+    )
+
+    def title_for(self, view: View) -> str:
+        s = view.stats
+        return f"Replicas · {len(s.replicas)} · routing hit rate {fmt.pct(s.routing_hit_rate)}"
+
+    def rows_for(self, view: View, flex: int) -> list[list[Text]]:
+        out = []
+        for r in view.stats.replicas:
+            up = bool(r.get("up"))
+            used, total = fmt.number(r.get("kv_used")), fmt.number(r.get("kv_total"))
+            kv = f"{fmt.count(used)}/{fmt.count(total)}"
+            if used is not None and total:
+                kv += f" ({fmt.pct(used / total)})"
+            out.append(
+                [
+                    Text(fmt.text(str(r.get("url", "")).removeprefix("http://"), 22)),
+                    Text(
+                        "up" if up else "down",
+                        style=self.color("text-success" if up else "text-error"),
+                    ),
+                    num(r.get("running")),
+                    num(r.get("queued")),
+                    num(r.get("hit_rate"), fmt.pct),
+                    Text(kv, justify="right"),
                 ]
             )
         return out
