@@ -45,7 +45,19 @@ LAYERS: dict[str, int] = {
     "sched": 3,
     "engine": 4,
     **dict.fromkeys(
-        ("server", "tui", "bench", "cli", "doctor", "ps", "chat_repl", "__main__", "__init__"), 5
+        (
+            "server",
+            "fleet",
+            "tui",
+            "bench",
+            "cli",
+            "doctor",
+            "ps",
+            "chat_repl",
+            "__main__",
+            "__init__",
+        ),
+        5,
     ),
 }
 
