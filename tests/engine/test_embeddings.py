@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_prompts, requires_mlx
-from embedding_model import reference_embedding, save_embedding_model
 
 from localradix import Engine
 from localradix.engine.tracker import EMBED_PARAMS
@@ -15,6 +13,9 @@ from localradix.loader.embedding import EmbeddingHead, embedding_head
 from localradix.loader.source import resolve_model
 from localradix.messages import Embed, GenerateRequest
 from localradix.sampling_params import SamplingParams
+
+from .conftest import random_prompts, requires_mlx
+from .embedding_model import reference_embedding, save_embedding_model
 
 PROMPTS = random_prompts(5, (5, 17, 40, 3))
 OTHERS = random_prompts(6, (9, 30, 4, 12))  # generated beside the embeddings
