@@ -42,13 +42,56 @@ def _text(content: str | list[Part] | None, where: str) -> str:
 
 
 def _assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The assistant message a function_call or reasoning item belongs to: the last message if
-    it is an assistant's still open for calls, else a new one."""
-    last = messages[-1] if messages else None
-    if last is None or last["role"] != "assistant":
-        last = {"role": "assistant", "content": ""}
-        messages.append(last)
-    return last
+    """The assistant message a function_call belongs to: the last message if it is an
+    assistant's, else a new one."""
+    if not messages or messages[-1]["role"] != "assistant":
+        messages.append({"role": "assistant", "content": ""})
+    return messages[-1]
+
+
+def _message(out: list[dict[str, Any]], item: InputItem, where: str) -> None:
+    role = ROLES.get(item.role or "")
+    if role is None:
+        raise bad_request(
+            f"{where}.role must be 'user', 'assistant', 'system' or 'developer', not {item.role!r}",
+            f"{where}.role",
+        )
+    text = _text(item.content, f"{where}.content")
+    last = out[-1] if out else None
+    if role == "assistant" and last and last["role"] == "assistant" and "tool_calls" not in last:
+        last["content"] += text  # after its reasoning item: the same turn
+    else:
+        out.append({"role": role, "content": text})
+
+
+def _function_call(out: list[dict[str, Any]], item: InputItem, where: str) -> None:
+    if not item.call_id or not item.name:
+        raise bad_request(f"{where}: a function_call needs 'call_id' and 'name'", where)
+    call = {"name": item.name, "arguments": item.arguments or "{}"}
+    _assistant(out).setdefault("tool_calls", []).append(
+        {"id": item.call_id, "type": "function", "function": call}
+    )
+
+
+def _call_output(out: list[dict[str, Any]], item: InputItem, where: str) -> None:
+    if not item.call_id:
+        raise bad_request(f"{where}: a function_call_output needs 'call_id'", where)
+    content = _text(item.output, f"{where}.output")
+    out.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
+
+
+def _reasoning(out: list[dict[str, Any]], item: InputItem, where: str) -> None:
+    text = _text(item.content, f"{where}.content")
+    if text:
+        out.append({"role": "assistant", "content": "", "reasoning_content": text})
+
+
+ITEMS = {
+    "message": _message,
+    "function_call": _function_call,
+    "function_call_output": _call_output,
+    "reasoning": _reasoning,
+}
 
 
 def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
@@ -57,41 +100,12 @@ def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if item.type == "message":
-            role = ROLES.get(item.role or "")
-            if role is None:
-                raise bad_request(
-                    f"{where}.role must be 'user', 'assistant', 'system' or 'developer', "
-                    f"not {item.role!r}",
-                    f"{where}.role",
-                )
-            text = _text(item.content, f"{where}.content")
-            if role == "assistant" and out and out[-1]["role"] == "assistant":
-                if not out[-1].get("tool_calls"):  # after its reasoning item: the same turn
-                    out[-1]["content"] += text
-                    continue
-            out.append({"role": role, "content": text})
-        elif item.type == "function_call":
-            if not item.call_id or not item.name:
-                raise bad_request(f"{where}: a function_call needs 'call_id' and 'name'", where)
-            call = {"name": item.name, "arguments": item.arguments or "{}"}
-            message = _assistant(out)
-            message.setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function", "function": call}
+        add = ITEMS.get(item.type)
+        if add is None:
+            raise bad_request(
+                f"input[{i}]: '{item.type}' items are not supported", f"input[{i}].type"
             )
-        elif item.type == "function_call_output":
-            if not item.call_id:
-                raise bad_request(f"{where}: a function_call_output needs 'call_id'", where)
-            content = _text(item.output, f"{where}.output")
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
-        elif item.type == "reasoning":
-            text = _text(item.content, f"{where}.content")
-            if text:
-                message = {"role": "assistant", "content": "", "reasoning_content": text}
-                out.append(message)
-        else:
-            raise bad_request(f"{where}: '{item.type}' items are not supported", f"{where}.type")
+        add(out, item, f"input[{i}]")
     return out
 
 
