@@ -2,7 +2,7 @@
 prefix in the radix tree, usage reports what it newly cached (`cache_creation_input_tokens`) and
 what the cache served (`cache_read_input_tokens`), and a pinned prefix survives a flood of
 other prompts that evicts everything unpinned. One server per module, on the bundled model with
-a KV pool of 1,024 tokens (pins may take half of it), so a few prompts fill it.
+a KV pool of 512 tokens (pins may take half of it), so a few prompts fill it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ anthropic = pytest.importorskip("anthropic")
 pytestmark = pytest.mark.slow
 
 GREEDY = {"temperature": 0}
-POOL = 1024
+POOL = 512
 HELLO = [{"role": "user", "content": "Say hi."}]
 
 
-def long_text(topic: str, n: int = 20) -> str:
+def long_text(topic: str, n: int = 10) -> str:
     """About 11 tokens a sentence: a system prompt or a flood prompt of ~11 n tokens."""
     return " ".join(f"Rule {i} about {topic}: answer with care." for i in range(n))
 
@@ -68,7 +68,7 @@ def test_the_first_call_creates_the_cache_and_the_second_reads_it(ac, name, serv
     first = ask(ac, name, system)
     counted = ac.messages.count_tokens(model=name, system=system, messages=HELLO).input_tokens
     u = first.usage
-    assert u.cache_creation_input_tokens > 150 and u.cache_read_input_tokens < 10
+    assert u.cache_creation_input_tokens > 80 and u.cache_read_input_tokens < 10
     assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == counted
     assert pinned_gauge(server) >= u.cache_creation_input_tokens
 
@@ -84,11 +84,11 @@ def test_the_first_call_creates_the_cache_and_the_second_reads_it(ac, name, serv
 def test_a_pinned_prefix_survives_a_flood_that_evicts_an_unpinned_one(ac, name):
     pinned = ask(ac, name, cached_system(long_text("history"), ttl="1h"))
     pin_tokens = pinned.usage.cache_creation_input_tokens
-    assert pin_tokens > 150
+    assert pin_tokens > 80
     unpinned_system = long_text("chemistry")
     assert ask(ac, name, unpinned_system).usage.cache_creation_input_tokens == 0
-    for i in range(4):  # ~250 tokens each: together more than the pins leave of the pool
-        ask(ac, name, None, content=long_text(f"flood {i}"))
+    for i in range(4):  # ~140 tokens each: together more than the pins leave of the pool
+        ask(ac, name, None, content=long_text(f"flood {i}", n=12))
     later = ask(ac, name, long_text("history"), content="Another question.")  # no mark
     assert later.usage.cache_read_input_tokens >= pin_tokens
     gone = ask(ac, name, unpinned_system, content="Another question.")
@@ -139,10 +139,10 @@ def llama_ac():
 def test_llamacpp_keeps_a_pinned_prefix_through_a_flood(llama_ac):
     name = llama_ac.models.list().data[0].id
     pinned = ask(llama_ac, name, cached_system(long_text("history"))).usage
-    assert pinned.cache_creation_input_tokens > 150
+    assert pinned.cache_creation_input_tokens > 80
     ask(llama_ac, name, long_text("chemistry"))
     for i in range(4):
-        ask(llama_ac, name, None, content=long_text(f"flood {i}"))
+        ask(llama_ac, name, None, content=long_text(f"flood {i}", n=12))
     later = ask(llama_ac, name, long_text("history"), content="Another question.")
     assert later.usage.cache_read_input_tokens >= pinned.cache_creation_input_tokens
     gone = ask(llama_ac, name, long_text("chemistry"), content="Another question.")
