@@ -4,7 +4,8 @@ provider and Open WebUI speak, over the request core (see core/).
 Requests become OpenAI requests; outputs come back as Ollama's JSON (NDJSON lines when
 streaming, the default); every error is `{"error": "..."}` with a 4xx/503 status. `model` picks
 one of the store's models (loaded on demand, see model_pool.py) and `keep_alive` says how long it
-stays loaded once idle; `/api/pull` and friends answer 501 (`localradix pull` fills the store).
+stays loaded once idle; `/api/pull` and friends answer 501 (the CLI fills the store:
+`localradix pull ORG/NAME:QUANT`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
 def _no_model_store() -> APIError:
     return APIError(
         501,
-        "the server does not change its model store: run `localradix pull REPO[:QUANT]` or "
+        "the server does not change its model store: run `localradix pull ORG/NAME:QUANT` or "
         "`localradix rm NAME` where it runs; it lists and loads the store's models by name",
     )
 
