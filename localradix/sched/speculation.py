@@ -45,7 +45,7 @@ _NO_DRAFTS = np.zeros(0, dtype=np.int64)
 
 @dataclass
 class RequestSpec:
-    """A request's drafter (fed every token it emits) and its adaptive draft length."""
+    """A request's drafter (fed every token it emits) and its acceptance record."""
 
     drafter: NgramDrafter
     adaptive: AdaptiveK

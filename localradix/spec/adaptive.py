@@ -64,7 +64,10 @@ class SpecCounters:
 
 @dataclass
 class AdaptiveK:
-    """One request's draft length k in [1, k_max] and whether it still speculates.
+    """One request's acceptance record (`alpha`, from verified and shadow drafts), whether it
+    still speculates, and a heuristic draft length k in [1, k_max]. The scheduler drafts the
+    k that `spec.best_draft_len` picks from `alpha` and the runner's verify cost; `k` is the
+    rule for a caller with no cost to weigh.
 
     Full acceptance doubles k (runs of copied text are long); a rejection after `a` accepted
     drafts sets k to `a + 1` (never above the current k), the length that would have been

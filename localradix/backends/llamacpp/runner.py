@@ -40,10 +40,11 @@ logger = logging.getLogger("localradix.runner")
 
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type of the K and V cache
 FLASH_ATTN_ENABLED = 1  # the CPU kernel skips other sequences' cells; the plain path does not
-# ... but the CPU flash kernel runs one pass per query, while the plain path multiplies all of
-# a verify step's k + 1 queries with the K/V at once. Measured at 4.3k context, 2 threads:
-# a 9-row verify 167 ms (flash) vs 108 ms (plain), a 1-row decode 25 vs 29 ms; equal at 300.
-FLASH_ATTN_DISABLED = 0
+# The CPU flash kernel runs one pass per query, so a verify row costs a decode step's
+# attention (a 9-row verify at 4.3k context: 167 ms, vs 108 ms on the plain path, which
+# multiplies the k + 1 queries at once). The plain path is not used for verifying: its logits
+# moved further with the batch's shape (on/off greedy outputs of the retraction test parted
+# at 0.14 and 0.29 nat gaps, vs one 0.05 nat tie with the flash kernel).
 UBATCH = 512  # llama.cpp's default physical batch
 # How many idle cached cells cost about a quarter of a token's matmul work, per unit of
 # (2 * params) / (heads * layers): every step's attention scans every live cell of the unified
@@ -223,8 +224,7 @@ class LlamaCppRunner(ModelRunner):
         params.n_seq_max = self.n_seq
         params.n_outputs_max = max(self.n_seq, self.max_outputs)  # logits rows per step
         params.n_threads = params.n_threads_batch = self.threads
-        verifies_on_cpu = bool(args.speculative) and target.device == "cpu"
-        params.flash_attn_type = FLASH_ATTN_DISABLED if verifies_on_cpu else FLASH_ATTN_ENABLED
+        params.flash_attn_type = FLASH_ATTN_ENABLED
         params.type_k = params.type_v = KV_TYPES[target.dtype]
         params.kv_unified = True
         params.swa_full = True  # sliding-window models keep old prefixes reusable
