@@ -223,6 +223,16 @@ class ModelPool:
             if resident in self.residents:
                 self.residents.remove(resident)
 
+    async def unload_idle(self, key: str) -> bool:
+        """Unload the model at `key` (a resolved path) if it is loaded and idle; False when it
+        cannot go: the default model, or one serving requests."""
+        async with self._lock:
+            for r in [r for r in self.residents if r.key == key and r.live]:
+                if r is self.default or r.busy:
+                    return False
+                await self._unload(r)
+        return True
+
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)

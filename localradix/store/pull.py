@@ -8,7 +8,7 @@ deleted; a cut download keeps only finished files, which the next pull reuses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +63,11 @@ def folder_files(sizes: dict[str, int | None]) -> tuple[str, ...]:
     return tuple(sorted({*weights, *(f for f in top if f in FOLDER_FILES)}))
 
 
-def pull(ref: str, revision: str = "main") -> StoreEntry:
-    """Download `ref` into the store and return its entry."""
+def pull(
+    ref: str, revision: str = "main", on_plan: Callable[[PullPlan], None] | None = None
+) -> StoreEntry:
+    """Download `ref` into the store and return its entry; `on_plan` hears what will be
+    fetched before the download starts (the API's progress)."""
     from localradix.store import hub
 
     repo, tag = split_ref(ref)
@@ -82,6 +85,8 @@ def pull(ref: str, revision: str = "main") -> StoreEntry:
         print(f"{local.ref} is in the store; the hub did not answer, so it is not updated")
         return local
     plan = plan_pull(repo, sizes, tag)
+    if on_plan is not None:
+        on_plan(plan)
     print(f"pulling {plan.repo}: {', '.join(plan.files)} ({human_size(plan.size)})", flush=True)
     existed = repo_dir(repo).exists()
     try:

@@ -4,8 +4,7 @@ provider and Open WebUI speak, over the request core (see core/).
 Requests become OpenAI requests; outputs come back as Ollama's JSON (NDJSON lines when
 streaming, the default); every error is `{"error": "..."}` with a 4xx/503 status. `model` picks
 one of the store's models (loaded on demand, see model_pool.py) and `keep_alive` says how long it
-stays loaded once idle; `/api/pull` and friends answer 501 (the CLI fills the store:
-`localradix pull ORG/NAME:QUANT`).
+stays loaded once idle; `/api/pull` and `/api/delete` work on the store (see store.py).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from litestar import Request, Response, Router, delete, post
+from litestar import Request, Response, Router, post
 from litestar.types import ControllerRouterHandler
 
 from localradix.server.core.body import decode
@@ -21,7 +20,7 @@ from localradix.server.core.gather import answer
 from localradix.server.core.http import NDJSON, error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job
 from localradix.server.errors import APIError
-from localradix.server.ollama import embed, models
+from localradix.server.ollama import embed, models, store
 from localradix.server.ollama.protocol import ChatBody, GenerateBody
 from localradix.server.ollama.render import (
     Wrap,
@@ -87,32 +86,13 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     return await _answer(request, job, str(req.model), body.stream, generate_fields, body.think)
 
 
-def _no_model_store() -> APIError:
-    return APIError(
-        501,
-        "the server does not change its model store: run `localradix pull ORG/NAME:QUANT` or "
-        "`localradix rm NAME` where it runs; it lists and loads the store's models by name",
-    )
-
-
-# Not in the OpenAPI schema: they only ever answer 501 (the CLI manages the store).
-@post(["/pull", "/push", "/create", "/copy"], status_code=200, include_in_schema=False)
-async def model_store(request: Request[Any, Any, Any]) -> Response[Any]:
-    raise _no_model_store()
-
-
-@delete("/delete", status_code=200, include_in_schema=False)
-async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
-    raise _no_model_store()
-
-
 def ollama_error(err: APIError) -> dict[str, Any]:
     return {"error": err.message}
 
 
 _api = Router(
     "/api",
-    route_handlers=[*models.API_ROUTES, chat, generate, *embed.ROUTES, model_store, delete_model],
+    route_handlers=[*models.API_ROUTES, chat, generate, *embed.ROUTES, *store.ROUTES],
     exception_handlers={Exception: error_handler(ollama_error)},
 )
 ROUTES: list[ControllerRouterHandler] = [*models.ROOT_ROUTES, _api]
