@@ -4,6 +4,7 @@ token, laid out as llama.cpp does (see core/fim.py), answered in llama.cpp's /co
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated, Any
 
@@ -12,12 +13,13 @@ from msgspec import Meta, Struct
 
 from localradix.server.core.body import convert, decode
 from localradix.server.core.fim import fim_prompt, repo_context, require_fim
-from localradix.server.core.gather import Gathered, answer
-from localradix.server.core.http import state
+from localradix.server.core.gather import Gathered, answer, batches
+from localradix.server.core.http import sse, state
 from localradix.server.core.jobs import completion_job, encode, served_name
-from localradix.server.errors import bad_request
+from localradix.server.errors import APIError
 from localradix.server.openai.render import usage
 from localradix.server.protocol import CompletionRequest
+from localradix.server.tokenizer_manager import Job
 
 RENAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty"}
 
@@ -44,13 +46,13 @@ class InfillBody(Struct, kw_only=True):
     model: str | None = None  # another model of the store (default: the one served)
 
 
-@post("/infill", summary="llama.cpp: fill in the middle (input_prefix, input_suffix)")
+@post(
+    "/infill", summary="llama.cpp: fill in the middle (input_prefix, input_suffix)", status_code=200
+)
 async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", InfillBody)
     manager = await state(request).manager_for(request, body.model)
     fim = require_fim(manager.tokenizer, "input_suffix")
-    if body.stream:
-        raise bad_request("streaming /infill is not supported yet: send stream: false", "stream")
     files = [(f.filename, f.text) for f in body.input_extra]
     ids = fim_prompt(
         fim,
@@ -74,17 +76,40 @@ async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
     }
     req = convert({k: v for k, v in fields.items() if v is not None}, CompletionRequest, RENAMES)
     job = await completion_job(manager, req)
-    return await answer(request, job, None, partial(_content, model=served_name(manager)))
+    model = served_name(manager)
+    stream = partial(_events, job, model) if body.stream else None
+    return await answer(request, job, stream, partial(_content, model=model))
 
 
 def _content(gathered: Gathered, model: str) -> dict[str, Any]:
     """llama.cpp's /completion answer (the fields its editor plugins read)."""
-    counts = usage(gathered.job)
+    return {"content": gathered.text[0], **_final(gathered.job, model, gathered.finish[0])}
+
+
+async def _events(job: Job, model: str) -> AsyncIterator[bytes]:
+    """llama.cpp's stream: an SSE event per piece of text (`stop: false`), then one with
+    `stop: true` and the counts; an error after the headers went out is an `error` event."""
+    finish = None
+    try:
+        async for part in batches(job):
+            if isinstance(part, APIError):
+                yield sse({"error": {"code": part.status, "message": part.message}})
+                return
+            for d in part:
+                if d.text:
+                    yield sse({"content": d.text, "stop": False})
+                finish = d.finish_reason or finish
+        yield sse({"content": "", **_final(job, model, finish)})
+    finally:
+        job.close()
+
+
+def _final(job: Job, model: str, finish: str | None) -> dict[str, Any]:
+    counts = usage(job)
     return {
-        "content": gathered.text[0],
         "model": model,
         "stop": True,
-        "stop_type": "limit" if gathered.finish[0] == "length" else "eos",
+        "stop_type": "limit" if finish == "length" else "eos",
         "tokens_predicted": counts.completion_tokens,
         "tokens_evaluated": counts.prompt_tokens,
         "tokens_cached": details.cached_tokens if (details := counts.prompt_tokens_details) else 0,

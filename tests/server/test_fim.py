@@ -136,6 +136,14 @@ def test_infill_lays_out_the_repo_files_as_llama_cpp_does(fim_server):
     assert out["tokens_predicted"] == 2 and out["stop_type"] == "limit"
     assert isinstance(out["content"], str)
 
+    # Streamed (llama.vscode asks so): the same text in SSE pieces, then the counts.
+    with httpx.stream("POST", fim_server.url + "/infill", json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True, events
+    assert "".join(e["content"] for e in events) == out["content"]
+    assert events[-1]["tokens_predicted"] == 2 and events[-1]["tokens_evaluated"] == 8 + 7
+
 
 def test_a_client_built_fim_prompt_with_16_stops_is_a_plain_completion(fim_server):
     prompt = "<|fim_prefix|> w5 w6 <|fim_suffix|> w7 <|fim_middle|>"
