@@ -137,6 +137,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    # Extra variables for the chat template (vLLM's and SGLang's field), e.g. Qwen3's
+    # {"enable_thinking": false}; Ollama's `think` sets that one.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -214,3 +214,47 @@ def test_a_request_may_opt_out_of_speculation(given_value: bool | None) -> None:
     req = decode(json.dumps(body).encode(), CompletionRequest)
     params = sampling_params(req, 4, None, context=64, vocab=100)
     assert params.speculative is (given_value is not False)
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("think", "closed"), [(None, False), (True, False), (False, True), ("high", False)]
+)
+def test_ollama_think_reaches_the_chat_template_as_enable_thinking(think, closed) -> None:
+    from localradix.loader.chat_template import render_chat_template
+    from localradix.server.core.jobs import chat_text
+    from localradix.server.ollama.request import chat_request
+
+    tokenizer = SimpleNamespace(
+        apply_chat_template=lambda messages, **kw: render_chat_template(
+            THINKING_TEMPLATE, messages=messages, **kw
+        )
+    )
+    manager = SimpleNamespace(
+        tokenizer=tokenizer,
+        reasoning_parser=object(),
+        names={"m"},
+        client=SimpleNamespace(loaded=SimpleNamespace(name="m")),
+    )
+    body = decode(
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": think}
+        ).encode(),
+        ChatBody,
+    )
+    text = chat_text(manager, chat_request(manager, body))
+    assert text.endswith("<think></think>") is closed, text
+
+
+def test_chat_template_kwargs_may_not_set_what_the_server_sets() -> None:
+    from localradix.server.core.jobs import template_kwargs
+
+    assert template_kwargs({"enable_thinking": False}) == {"enable_thinking": False}
+    with pytest.raises(APIError) as err:
+        template_kwargs({"messages": []})
+    assert err.value.status == 400 and "messages" in err.value.message

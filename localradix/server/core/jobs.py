@@ -100,9 +100,13 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
     """The request's messages through the model's chat template."""
     try:
         tools = msgspec.to_builtins(req.tools) if req.tools else None
+        extra = template_kwargs(req.chat_template_kwargs)
         return str(
             manager.tokenizer.apply_chat_template(
-                chat_messages(req), tools=tools, add_generation_prompt=req.add_generation_prompt
+                chat_messages(req),
+                tools=tools,
+                add_generation_prompt=req.add_generation_prompt,
+                **extra,
             )
         )
     except APIError:
@@ -110,6 +114,18 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
     except Exception as exc:  # the template is the model's code; any failure is the input's
         message = f"the chat template could not render these messages: {exc}"
         raise bad_request(message, "messages") from None
+
+
+RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as given; a name the server sets itself is a 400."""
+    taken = RESERVED_TEMPLATE_NAMES & set(kwargs or {})
+    if taken:
+        message = f"chat_template_kwargs may not set {', '.join(sorted(taken))}"
+        raise bad_request(message, "chat_template_kwargs")
+    return dict(kwargs or {})
 
 
 async def chat_job(

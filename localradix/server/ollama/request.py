@@ -92,6 +92,12 @@ def _check_common(manager: TokenizerManager, body: _Request, model: str) -> None
         raise bad_request(f'"{model}" does not support thinking', "think")
 
 
+def _thinking(think: Any) -> dict[str, Any] | None:
+    """Ollama's `think` as the template variable thinking models read (Qwen3's
+    `enable_thinking`); a template that does not read it renders as before."""
+    return None if think is None else {"enable_thinking": think is not False}
+
+
 def _message(msg: Message, i: int) -> dict[str, Any]:
     if msg.images:
         raise bad_request("images are not supported: this model reads text only", "images")
@@ -120,6 +126,7 @@ def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatCompletionReq
         model=model,
         messages=[_message(m, i) for i, m in enumerate(body.messages)],
         tools=body.tools or None,
+        chat_template_kwargs=_thinking(body.think),
     )
     return convert(
         {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
@@ -152,6 +159,7 @@ def generate_request(
         return convert(cleaned, CompletionRequest, RENAMES)
     messages = [{"role": "system", "content": body.system}] if body.system else []
     fields["messages"] = [*messages, {"role": "user", "content": body.prompt}]
+    fields["chat_template_kwargs"] = _thinking(body.think)
     return convert(
         {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
     )
