@@ -143,11 +143,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    # A string, a list of strings, a list of token ids, or a list of token-id lists.
-    prompt: (
-        Annotated[str, Meta(min_length=1)]
-        | Annotated[list[str | Count | list[Count]], Meta(min_length=1)]
-    )
+    # A string, a list of strings, a list of token ids, or a list of token-id lists. An empty
+    # string only with a suffix (a gap at the start of a file); completion_job says so.
+    prompt: str | Annotated[list[str | Count | list[Count]], Meta(min_length=1)]
     max_tokens: Count | None = None  # None: the server's --default-max-tokens
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None

@@ -156,7 +156,6 @@ INVALID: list[tuple[str, dict]] = [
     (CHAT, {"messages": USER, "tool_choice": {"type": "function"}}),
     (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": ""}}]}),
     (CHAT, {"messages": USER, "tools": [{"type": "retrieval"}]}),
-    (COMPLETION, {"prompt": ""}),
     (COMPLETION, {"prompt": []}),
     (COMPLETION, {"prompt": [-1]}),
     (COMPLETION, {"prompt": "x", "logprobs": 6}),
@@ -171,6 +170,7 @@ CROSS_FIELD: list[tuple[str, dict]] = [
     (CHAT, {"messages": USER, "stop_token_ids": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "best_of": 3}),  # must equal n
     (COMPLETION, {"prompt": "x", "suffix": "y"}),  # fill-in-the-middle: this model has no FIM
+    (COMPLETION, {"prompt": ""}),  # empty: only a fill-in-the-middle gap may be
     (COMPLETION, {"prompt": [1, "a"]}),  # mixes token ids and strings
     (COMPLETION, {"prompt": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "echo": True, "stream": True, "logprobs": 1}),

@@ -194,6 +194,8 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
     constraint, constraint_param = request_constraint(req)
     if req.suffix:
         prompts = [await _fim_completion_prompt(manager, req.prompt, req.suffix)]
+    elif req.prompt == "":
+        raise bad_request("'prompt' must not be empty", "prompt")
     else:
         prompts = await _completion_prompts(manager, req.prompt)
     for ids in prompts:
