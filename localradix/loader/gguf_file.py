@@ -3,10 +3,13 @@
 `gguf.GGUFReader` builds numpy views for every element of every metadata array, which takes
 seconds for a 50k-token vocabulary; this reads the same header in a fraction of that and hands
 raw tensor bytes to `gguf.quants.dequantize`. Pass `tensors=False` to stop after the metadata.
+A split model (llama.cpp's `NAME-00001-of-00003.gguf` shards, `split.*` keys) is read whole from
+its first shard: metadata from that shard, tensors from all of them.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +81,41 @@ class _Cursor:
         return self.scalar(_SCALARS[vtype])
 
 
+SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
 def read_gguf(path: str | Path, tensors: bool = True) -> GGUFFile:
+    """The file's metadata and (unless `tensors` is False) its tensors; given a split model's
+    first shard, the tensors of every shard."""
+    first = read_gguf_file(path, tensors)
+    count = int(first.metadata.get("split.count", 1) or 1)
+    if not tensors or count <= 1 or int(first.metadata.get("split.no", 0)) != 0:
+        return first
+    rest = [read_gguf_file(p).tensors for p in shard_paths(Path(path), count)[1:]]
+    return GGUFFile(first.metadata, [t for part in (first.tensors, *rest) for t in part])
+
+
+def shard_paths(first: Path, count: int) -> list[Path]:
+    """A split model's shards, in order, from its first shard's path."""
+    match = SHARD_NAME.match(first.name)
+    if match is None or int(match["no"]) != 1 or int(match["count"]) != count:
+        raise ValueError(
+            f"{first.name} is the first of {count} GGUF shards but is not named "
+            "NAME-00001-of-000NN.gguf, so its other shards cannot be found"
+        )
+    paths = [
+        first.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
+    ]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise ValueError(
+            f"{first.name} is split in {count}; missing shard(s): {', '.join(missing)}"
+        )
+    return paths
+
+
+def read_gguf_file(path: str | Path, tensors: bool = True) -> GGUFFile:
+    """One GGUF file as it is (one shard of a split model holds only its own tensors)."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(data))  # type: ignore[arg-type]  # a memmap is a buffer
     if bytes(cur.buf[:4]) != GGUF_MAGIC:

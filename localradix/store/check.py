@@ -33,10 +33,10 @@ def _check(path: Path, problem: str | None) -> None:
 
 
 def _gguf_problem(path: Path) -> str | None:
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.loader.gguf_file import read_gguf_file
 
     try:
-        read_gguf(path)  # tensor views are cut at the file's end: a short one fails to reshape
+        read_gguf_file(path)  # tensor views are cut at the file's end: a short one fails to reshape
     except (ValueError, KeyError, IndexError, struct.error, OSError) as exc:
         return f"not a whole GGUF file ({str(exc).splitlines()[0][:120]})"
     return None
