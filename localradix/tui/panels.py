@@ -109,7 +109,9 @@ class KvPanel(Panel):
         s = view.stats
         used, cached, free = s.get("kv_used"), s.get("kv_cached"), s.get("kv_free")
         total = s.get("kv_total")
-        self.border_title = f"KV memory · {fmt.count(total)}"
+        pinned = s.get("kv_pinned")  # part of "used": prefixes kept by cache_control
+        held = f" · {fmt.count(pinned)} pinned" if pinned else ""
+        self.border_title = f"KV memory · {fmt.count(total)}{held}"
         cells = bar_cells([used, cached, free], width)
         bar = "".join(
             f"[{style}]{glyph * n}[/]"

@@ -28,6 +28,7 @@ ENGINE_NUMBERS = (
     "spec_verify_steps",
     "spec_draft_tokens",
     "spec_accepted_tokens",
+    "kv_pinned",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
 )

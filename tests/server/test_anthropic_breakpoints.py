@@ -7,7 +7,11 @@ import msgspec
 import pytest
 
 from localradix.messages import CachePin
-from localradix.server.anthropic.cache_control import breakpoints, creation_tokens
+from localradix.server.anthropic.cache_control import (
+    breakpoints,
+    creation_by_ttl,
+    creation_tokens,
+)
 from localradix.server.anthropic.protocol import MessagesRequest
 from localradix.server.errors import APIError
 
@@ -83,3 +87,14 @@ def test_creation_counts_the_pinned_tokens_the_cache_did_not_have():
     assert creation_tokens(pins, cached=120) == 130
     assert creation_tokens(pins, cached=300) == 0
     assert creation_tokens((), cached=0) == 0
+
+
+@pytest.mark.parametrize(
+    ("cached", "five", "hour"),
+    [(0, 20, 100), (50, 20, 50), (100, 20, 0), (115, 5, 0), (200, 0, 0)],
+)
+def test_creation_splits_by_the_ttl_of_the_breakpoint_that_ends_each_stretch(cached, five, hour):
+    pins = (CachePin(120, 300.0), CachePin(100, 3600.0))  # tools+system for 1h, then 5m
+    split = creation_by_ttl(pins, cached)
+    assert split == {"ephemeral_5m_input_tokens": five, "ephemeral_1h_input_tokens": hour}
+    assert five + hour == creation_tokens(pins, cached)

@@ -70,6 +70,8 @@ def test_the_first_call_creates_the_cache_and_the_second_reads_it(ac, name, serv
     u = first.usage
     assert u.cache_creation_input_tokens > 80 and u.cache_read_input_tokens < 10
     assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == counted
+    assert u.cache_creation.ephemeral_5m_input_tokens == u.cache_creation_input_tokens
+    assert u.cache_creation.ephemeral_1h_input_tokens == 0
     assert pinned_gauge(server) >= u.cache_creation_input_tokens
 
     with ac.messages.stream(

@@ -70,6 +70,18 @@ async def test_kv_panel_shows_weights_and_kv_memory_apart():
     assert "weights 110M · KV 720M" in text, text
 
 
+async def test_kv_panel_title_counts_pinned_prefixes():
+    app, feed = make_app()
+    async with app.run_test(size=(140, 40)) as pilot:
+        snap = snapshot()
+        snap["engine"]["kv_pinned"] = 1536
+        feed.push(Connected(feed.url, "sse"))
+        feed.push(Snapshot(snap))
+        await settle(pilot)
+        text = screen_text(app)
+    assert "KV memory · 131k · 1536 pinned" in text, text
+
+
 async def test_missing_keys_render_as_dashes():
     app, feed = make_app()
     async with app.run_test() as pilot:

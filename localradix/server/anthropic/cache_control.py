@@ -22,7 +22,8 @@ from localradix.server.core.jobs import chat_text, encode
 from localradix.server.errors import APIError, bad_request
 from localradix.server.tokenizer_manager import TokenizerManager
 
-TTLS: dict[Any, float] = {None: 300.0, "5m": 300.0, "1h": 3600.0}
+FIVE_MINUTES_S = 300.0
+TTLS: dict[Any, float] = {None: FIVE_MINUTES_S, "5m": FIVE_MINUTES_S, "1h": 3600.0}
 MAX_BREAKPOINTS = 4  # Anthropic's limit
 
 
@@ -125,3 +126,19 @@ def _common_len(a: list[int], b: list[int]) -> int:
 def creation_tokens(pins: tuple[CachePin, ...], cached: int) -> int:
     """Pinned tokens this request wrote to the cache: those it did not find cached."""
     return max((max(0, pin.tokens - cached) for pin in pins), default=0)
+
+
+def creation_by_ttl(pins: tuple[CachePin, ...], cached: int) -> dict[str, int]:
+    """`creation_tokens` split by TTL (usage.cache_creation): the tokens between two breakpoints
+    belong to the breakpoint that ends them."""
+    out = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
+    start = 0
+    for pin in sorted(pins, key=lambda p: p.tokens):
+        bucket = (
+            "ephemeral_1h_input_tokens"
+            if pin.ttl_s > FIVE_MINUTES_S
+            else "ephemeral_5m_input_tokens"
+        )
+        out[bucket] += max(0, pin.tokens - max(start, cached))
+        start = max(start, pin.tokens)
+    return out

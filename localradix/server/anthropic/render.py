@@ -7,7 +7,7 @@ from typing import Any
 
 from localradix.messages import CachePin
 from localradix.parsers.events import ToolCall
-from localradix.server.anthropic.cache_control import creation_tokens
+from localradix.server.anthropic.cache_control import creation_by_ttl, creation_tokens
 from localradix.server.core.gather import matched_stop
 from localradix.server.core.output import call_arguments, output_spec
 from localradix.server.errors import APIError
@@ -28,9 +28,9 @@ ERROR_TYPES = {
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}
 
 
-def usage(job: Job, pins: tuple[CachePin, ...] = ()) -> dict[str, int]:
+def usage(job: Job, pins: tuple[CachePin, ...] = ()) -> dict[str, Any]:
     """Anthropic counts cached input apart: input_tokens + cache_read_input_tokens +
-    cache_creation_input_tokens (what `pins` newly cached) = prompt."""
+    cache_creation_input_tokens (what `pins` newly cached, also split by TTL) = prompt."""
     counts = job.usage()
     cached = counts["prompt_tokens_details"]["cached_tokens"]
     created = creation_tokens(pins, cached)
@@ -39,6 +39,7 @@ def usage(job: Job, pins: tuple[CachePin, ...] = ()) -> dict[str, int]:
         "output_tokens": counts["completion_tokens"],
         "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
+        "cache_creation": creation_by_ttl(pins, cached),
     }
 
 
