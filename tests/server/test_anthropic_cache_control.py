@@ -7,6 +7,8 @@ a KV pool of 512 tokens (pins may take half of it), so a few prompts fill it.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from server_harness import start_server
@@ -56,11 +58,18 @@ def ask(ac, name, system, content: str = "Say hi."):
     )
 
 
-def pinned_gauge(server) -> int:
-    for line in httpx.get(server.url + "/metrics").text.splitlines():
-        if line.startswith("localradix_kv_pinned_tokens "):
-            return int(float(line.split()[1]))
-    raise AssertionError("no localradix_kv_pinned_tokens gauge in /metrics")
+def pinned_gauge(server, at_least: int = 0, wait_s: float = 10.0) -> int:
+    """The gauge, read again until it reaches `at_least`: /metrics shows the engine's last
+    stats snapshot, which can trail the response by a step."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lines = httpx.get(server.url + "/metrics").text.splitlines()
+        found = [ln for ln in lines if ln.startswith("localradix_kv_pinned_tokens ")]
+        assert found, "no localradix_kv_pinned_tokens gauge in /metrics"
+        value = int(float(found[0].split()[1]))
+        if value >= at_least or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
 
 
 def test_the_first_call_creates_the_cache_and_the_second_reads_it(ac, name, server):
@@ -72,7 +81,8 @@ def test_the_first_call_creates_the_cache_and_the_second_reads_it(ac, name, serv
     assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == counted
     assert u.cache_creation.ephemeral_5m_input_tokens == u.cache_creation_input_tokens
     assert u.cache_creation.ephemeral_1h_input_tokens == 0
-    assert pinned_gauge(server) >= u.cache_creation_input_tokens
+    created = u.cache_creation_input_tokens
+    assert pinned_gauge(server, at_least=created) >= created
 
     with ac.messages.stream(
         model=name, max_tokens=2, system=system, messages=HELLO, extra_body=GREEDY

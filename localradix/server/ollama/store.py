@@ -1,6 +1,6 @@
 """Ollama's `/api/pull` and `DELETE /api/delete` over the model store (`localradix/store/`).
 
-A pull downloads from the Hugging Face hub (`ORG/NAME[:QUANT]`, as `localradix pull` takes it)
+A pull downloads from the Hugging Face hub (`ORG/NAME[:QUANT]`, as the CLI's pull takes it)
 in a thread; streamed, it reports Ollama's progress lines: "pulling manifest", then the bytes
 written into the hub cache against the planned size, then "success" (or an `error` line). A
 delete refuses the bundled model and a model that is loaded and busy; an idle loaded one is
