@@ -13,7 +13,7 @@ from msgspec import Struct
 from localradix.server.core.body import decode
 from localradix.server.core.embeddings import embed, input_ids, model_embed, shortened
 from localradix.server.core.http import client_gone_response, json_response, state
-from localradix.server.ollama.request import keep_alive_seconds, served
+from localradix.server.ollama.request import served
 
 
 class EmbedBody(Struct, kw_only=True):
@@ -37,7 +37,6 @@ async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", EmbedBody)
     manager = await state(request).manager_for(request, body.model, body.keep_alive)
     model = served(manager, body.model)
-    keep_alive_seconds(body.keep_alive)  # validated, as the other routes do
     how = model_embed(manager)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     if not any(inputs):  # Ollama: nothing to embed only loads the model

@@ -83,7 +83,7 @@ def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _check_common(manager: TokenizerManager, body: _Request, model: str) -> None:
-    keep_alive_seconds(body.keep_alive)
+    # keep_alive was parsed (and a bad one refused) when the route acquired the model
     if body.images:
         raise bad_request("images are not supported: this model reads text only", "images")
     if body.logprobs:
