@@ -18,6 +18,7 @@ The tree's shape and accounting live in `radix_tree.py`, its node and match type
 
 from __future__ import annotations
 
+import math
 import heapq
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -114,10 +115,10 @@ class RadixCache:
         indices: np.ndarray,
         extra_key: str | None = None,
         priority: int = 0,
-        cold: bool = False,
+        cold_from: float = math.inf,
     ) -> int:
         """Cache `key[:L]` → `indices[:L]` (L = whole pages); return the already-cached length.
-        `cold`: the new tokens came from a request that reused little of the cache.
+        `cold_from`: when the new tokens turn cold (`TreeNode.cold_from`; inf: never).
 
         The tree takes (a copy of) `indices[already:L]`; slots the caller holds for
         `[its_prefix:already]` are duplicates it must free, and it keeps `indices[L:]`.
@@ -139,7 +140,7 @@ class RadixCache:
         if pos < len(key):
             value = indices[pos : len(key)].copy()
             leaf = self.tree.add_leaf(node, key[pos:].copy(), value, extra_key)
-            leaf.priority, leaf.cold = priority, cold
+            leaf.priority, leaf.cold_from = priority, cold_from
         return pos
 
     def lock(self, node: TreeNode) -> None:
@@ -168,9 +169,9 @@ class RadixCache:
                 self.tree.move_size(node, to_protected=False)
             node = node.parent  # type: ignore[assignment]
 
-    def evict(self, n_tokens: int, cold_only: bool = False) -> int:
+    def evict(self, n_tokens: int, cold_at: float | None = None) -> int:
         """Free at least `n_tokens` (if possible) of unlocked leaves, by policy, to the pool;
-        only cold ones (`TreeNode.cold`) with `cold_only`.
+        with `cold_at`, only those cold by then (`TreeNode.cold_from <= cold_at`).
 
         A parent that becomes an unlocked leaf joins the candidates. Returns tokens freed.
         """
@@ -178,7 +179,10 @@ class RadixCache:
             return 0
         key = self.policy.key
         leaves = self.tree.leaves
-        heap = [(key(leaf), leaf.id, leaf) for leaf in leaves if leaf.cold or not cold_only]
+        def candidate(node: TreeNode) -> bool:
+            return cold_at is None or node.cold_from <= cold_at
+
+        heap = [(key(leaf), leaf.id, leaf) for leaf in leaves if candidate(leaf)]
         heapq.heapify(heap)
         freed = 0
         while freed < n_tokens and heap:
@@ -186,7 +190,7 @@ class RadixCache:
             freed += len(leaf.key)
             parent = self.tree.remove_leaf(leaf)
             self.pool.free(leaf.value)
-            if parent in leaves and (parent.cold or not cold_only):
+            if parent in leaves and candidate(parent):
                 heapq.heappush(heap, (key(parent), parent.id, parent))
         return freed
 
@@ -268,14 +272,18 @@ class RadixCache:
             best, depth = node, depth + len(node.key)
         return best, depth
 
-    @property
-    def evictable_cold_size(self) -> int:
-        """Tokens that `evict(..., cold_only=True)` can free: unlocked cold leaves and the cold
-        ancestors that only they hold up (see `TreeNode.cold`)."""
+    def evictable_cold_size(self, now: float) -> int:
+        """Tokens that `evict(..., cold_at=now)` can free: unlocked leaves cold by `now` and the
+        cold ancestors that only they hold up (see `TreeNode.cold_from`)."""
         seen: set[TreeNode] = set()
         for leaf in self.tree.leaves:
             node: TreeNode | None = leaf
-            while node is not None and node.cold and node not in seen and not node.lock_ref:
+            while (
+                node is not None
+                and node.cold_from <= now
+                and node not in seen
+                and not node.lock_ref
+            ):
                 if any(child not in seen for child in node.children.values()):
                     break
                 seen.add(node)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -28,9 +29,10 @@ class TreeNode:
     direct_locks: int = 0  # locks taken on exactly this node
     hit_count: int = 0
     priority: int = 0
-    # Inserted by a request that reused little of the cache (a one-off prompt), and not hit
-    # since: such prefixes go first when a cached-token budget trims (`evict(cold_only=True)`).
-    cold: bool = False
+    # When, on the caller's clock, the node turns cold: inserted by a request that reused
+    # little of the cache (a one-off prompt) and not hit since. Cold prefixes go first when a
+    # cached-token budget trims (`evict(cold_at=now)`). inf: warm (a hit also warms).
+    cold_from: float = math.inf
 
     def __repr__(self) -> str:
         head = self.key[:4].tolist()

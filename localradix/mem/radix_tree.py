@@ -8,6 +8,7 @@ so a lock held on the lower half still covers the whole path.
 
 from __future__ import annotations
 
+import math
 import itertools
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -81,7 +82,7 @@ class RadixTree:
         node.last_access_time = self.clock
         if count_hit:
             node.hit_count += 1
-            node.cold = False
+            node.cold_from = math.inf
         if priority is not None and priority > node.priority:
             node.priority = priority
 

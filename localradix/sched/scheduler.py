@@ -153,7 +153,7 @@ class Scheduler:
             self._read_in_flight()
         batch = self._schedule()
         if batch:
-            trim_cache(self.cache, self.cached_budget)
+            trim_cache(self.cache, self.cached_budget, self.slots.clock())
         launched = self.launcher.launch(batch) if batch else None
         self.pins.apply(batch)  # the launch cached the prompts' KV
         self._read_in_flight()  # step N's tokens, read while step N+1 runs

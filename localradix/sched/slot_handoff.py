@@ -9,6 +9,8 @@ leaving request.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +18,7 @@ import numpy as np
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import MatchResult, RadixCache
 from localradix.mem.radix_node import EMPTY
-from localradix.sched.cache_budget import is_one_off
+from localradix.sched.cache_budget import cold_from
 from localradix.sched.request import Req
 from localradix.spec.draft_kv import rejected_slots
 
@@ -26,6 +28,7 @@ class SlotHandoff:
     pool: KVPool
     req_pool: ReqToTokenPool
     cache: RadixCache
+    clock: Callable[[], float] = time.monotonic  # when one-off prefixes turn cold
 
     @property
     def page(self) -> int:
@@ -129,7 +132,8 @@ class SlotHandoff:
         assert req.row is not None
         slots = self.req_pool.table[req.row, : req.kv_len]
         ids = req.all_ids[: req.kv_len]
-        already = self.cache.insert(ids, slots.copy(), req.extra_key, cold=is_one_off(req))
+        cold = cold_from(req, self.clock())
+        already = self.cache.insert(ids, slots.copy(), req.extra_key, cold_from=cold)
         self.pool.free(slots[req.cached_len : already])
         match = self.cache.match_prefix(ids, extra_key=req.extra_key, count_hit=False)
         self.req_pool.table[req.row, : match.matched_len] = match.indices
@@ -146,9 +150,9 @@ class SlotHandoff:
             self.pool.free(slots)
         else:
             whole = req.kv_len // self.page * self.page  # the tree keeps whole pages only
-            cold = is_one_off(req)
+            cold = cold_from(req, self.clock())
             already = self.cache.insert(
-                req.all_ids[:whole], slots[:whole], req.extra_key, cold=cold
+                req.all_ids[:whole], slots[:whole], req.extra_key, cold_from=cold
             )
             self.pool.free(slots[req.cached_len : already])
             self.pool.free(slots[whole:])  # the open page, reserved tail included

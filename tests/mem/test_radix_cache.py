@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -335,18 +336,21 @@ def test_unknown_policy_is_rejected() -> None:
 def test_cold_prefixes_are_evicted_alone_and_a_hit_warms_them(mem: MemFactory) -> None:
     m = mem(64)
 
-    def put(key: list[int], cold: bool) -> None:
+    def put(key: list[int], cold_from: float) -> None:
         slots = m.pool.alloc(len(key))
         assert slots is not None
-        m.cache.insert(np.array(key), slots, cold=cold)
+        m.cache.insert(np.array(key), slots, cold_from=cold_from)
 
-    put(list(range(10, 18)), cold=False)  # warm: e.g. a conversation's history
-    put(list(range(20, 28)), cold=True)  # one-off prompts
-    put(list(range(30, 38)), cold=True)
-    assert m.cache.evictable_cold_size == 16
+    put(list(range(10, 18)), cold_from=math.inf)  # warm: e.g. a conversation's history
+    put(list(range(20, 28)), cold_from=5.0)  # one-off prompts, cold from t = 5 and 6
+    put(list(range(30, 38)), cold_from=6.0)
+    assert m.cache.evictable_cold_size(4.0) == 0  # nothing is cold yet
+    assert m.cache.evict(100, cold_at=4.0) == 0
+    assert m.cache.evictable_cold_size(5.0) == 8
+    assert m.cache.evictable_cold_size(6.0) == 16
     m.cache.match_prefix(list(range(30, 34)))  # a hit on half of one: that half is warm now
-    assert m.cache.evictable_cold_size == 12
-    assert m.cache.evict(100, cold_only=True) == 12  # only cold leaves, never their warm parents
+    assert m.cache.evictable_cold_size(6.0) == 12
+    assert m.cache.evict(100, cold_at=6.0) == 12  # only cold leaves, never their warm parents
     assert m.cache.match_prefix(list(range(10, 18))).matched_len == 8
     assert m.cache.match_prefix(list(range(30, 38))).matched_len == 4
     assert m.cache.match_prefix(list(range(20, 28))).matched_len == 0

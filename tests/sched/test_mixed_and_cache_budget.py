@@ -13,6 +13,29 @@ from .test_overlap_scheduler import KVHashRunner, _scheduler
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
 
+class StepClock:
+    """The scheduler's clock, moved one second per step (one-off prefixes turn cold
+    COLD_GRACE_S = 2 steps after they are cached)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.now = 0.0
+        self._step = sched.step
+        sched.slots.clock = lambda: self.now
+        sched.step = self.step  # type: ignore[method-assign]
+
+    def step(self):
+        self.now += 1.0
+        return self._step()
+
+
+def _budgeted(max_total: int, budget: int) -> Scheduler:
+    sched = _scheduler(
+        KVHashRunner(max_total), ServerArgs(max_total_tokens=max_total, max_cached_tokens=budget)
+    )
+    StepClock(sched)
+    return sched
+
+
 def _steps_to_finish(mixed: str) -> tuple[int, dict[str, list[int]]]:
     """One request decodes while three more arrive, one per step, each needing a prefill:
     (the step the first request finished at, every request's tokens)."""
@@ -47,8 +70,7 @@ def test_mixed_prefill_is_on_by_default_only_where_the_runner_asks():
 
 
 def test_while_busy_one_off_prompts_beyond_an_eighth_of_the_budget_go_least_recent_first():
-    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=160)
-    sched = _scheduler(KVHashRunner(1000), args)
+    sched = _budgeted(1000, 160)
     long = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (3, 4), long))  # keeps the engine busy
     for i in range(4):  # 4 unrelated requests of 10 prompt + 8 new tokens: 17 cached each
@@ -88,8 +110,9 @@ class CachedAtLaunch(KVHashRunner):
 
 def test_the_budget_holds_at_every_launch():
     runner = CachedAtLaunch(1000)
-    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=120)  # one-offs: 15
+    args = ServerArgs(max_total_tokens=1000, max_cached_tokens=15)
     sched = runner.sched = _scheduler(runner, args)
+    StepClock(sched)
     long = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (2, 3) * 30, long))  # keeps the engine busy
     for i in range(3):  # each leaves 4 + 7 tokens cached
@@ -114,19 +137,22 @@ def test_the_runner_sets_the_default_budget_and_the_flag_overrides_it():
 def test_one_off_prompts_are_trimmed_before_a_conversation():
     """Requests that found little cached leave cold prefixes, kept within an eighth of the
     budget; a request that continued a cached prefix leaves a warm one, kept within all of it."""
-    sched = _scheduler(KVHashRunner(2000), ServerArgs(max_total_tokens=2000, max_cached_tokens=80))
+    sched = _budgeted(2000, 80)
     long = SamplingParams(temperature=0.0, max_new_tokens=400, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (3, 4), long))  # keeps the engine busy
     history = (46, 47, 48, 49, *range(6, 30))
-    sched.add_request(GenerateRequest("turn1", history, GREEDY))
+    sched.add_request(GenerateRequest("turn1", history, GREEDY))  # found nothing: a one-off
     while not any(out.rid == "turn1" and out.finished for out in sched.step()):
         pass
-    turn2 = history + (2,) * 8  # the next turn at once: mostly cached
+    sched.add_request(GenerateRequest("other", tuple(range(60, 90)), GREEDY))  # a one-off too
+    sched.step()  # the client's round trip: a step runs before the next turn arrives
+    turn2 = history + (2,) * 8  # mostly cached, within the grace: its history is warm again
     sched.add_request(GenerateRequest("turn2", turn2, GREEDY))
     for i in range(4):  # one-off prompts, 10 + 8 tokens each
         sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 5, 10 * i + 15)), GREEDY))
         for _ in range(12):
             sched.step()
-        assert sched.cache.evictable_cold_size <= 80 // 8
+        assert sched.cache.evictable_cold_size(sched.slots.clock()) <= 80 // 8
     assert sched.cache.match_prefix(turn2).matched_len == len(turn2)  # the conversation stays
     assert sched.cache.match_prefix(tuple(range(5, 15))).matched_len == 0  # one-offs went
+    assert sched.cache.match_prefix(tuple(range(60, 90))).matched_len == 0
