@@ -18,8 +18,8 @@ The tree's shape and accounting live in `radix_tree.py`, its node and match type
 
 from __future__ import annotations
 
-import math
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -179,6 +179,7 @@ class RadixCache:
             return 0
         key = self.policy.key
         leaves = self.tree.leaves
+
         def candidate(node: TreeNode) -> bool:
             return cold_at is None or node.cold_from <= cold_at
 

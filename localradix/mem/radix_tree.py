@@ -8,8 +8,8 @@ so a lock held on the lower half still covers the whole path.
 
 from __future__ import annotations
 
-import math
 import itertools
+import math
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
