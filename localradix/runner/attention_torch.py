@@ -28,6 +28,9 @@ from localradix.step import ForwardBatch
 
 # Read at each step, so a benchmark can move it (benchmarks/bench_attention.py).
 MIN_SHARED_PREFIX = plans.MIN_SHARED_PREFIX
+# Extends of at most this many tokens over a cached prefix (a verify step's k + 1, a short
+# turn) attend with grouped matmuls, not SDPA: see `_grouped`.
+SMALL_EXTEND = 16
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ class TorchNativeAttention(AttentionBackend):
         if plan.shared:
             return _cascade(plan, q, k_cache, v_cache, scale).reshape(batch, -1)
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
-            keys, values = k_cache[plan.slots].unsqueeze(0), v_cache[plan.slots].unsqueeze(0)
+            return _grouped(q, k_cache[plan.slots], v_cache[plan.slots], scale)
         else:
             keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
         out = F.scaled_dot_product_attention(
@@ -135,6 +138,9 @@ class TorchNativeAttention(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         rows = slice(plan.start, plan.end)
+        if plan.slots is not None and plan.end - plan.start <= SMALL_EXTEND:
+            keys, values = k_cache[plan.slots], v_cache[plan.slots]
+            return _grouped(q[rows], keys, values, scale, causal=True)
         if plan.slots is None:
             keys, values = k[rows], v[rows]  # no prefix: the new tokens are the whole sequence
         else:
@@ -177,6 +183,37 @@ class TorchNativeAttention(AttentionBackend):
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)
+
+
+def _grouped(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention of one request's T queries q [T, Hq, D] over its keys/values [S, Hkv, D]
+    -> [T, Hq * D]; `causal`: the queries are the last T keys' tokens (a prefix before them).
+
+    The G query heads of each KV head and all T queries go through one matmul per KV head.
+    On CPUs, SDPA with `enable_gqa` repeats K/V per query head first; at 4.4k context this
+    takes a decode's attention from 1.3 to 0.6 ms per layer and a 9-row verify's from 2.2 to
+    1.4 ms (SmolLM2-135M shapes, fp32, one thread).
+    """
+    tokens, num_heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    group = num_heads // kv_heads
+    stacked = q.reshape(tokens, kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    stacked = stacked.reshape(kv_heads, group * tokens, head_dim)  # row g * T + t
+    keys = keys.to(q.dtype).transpose(0, 1)  # [Hkv, S, D]
+    values = values.to(q.dtype).transpose(0, 1)
+    scores = torch.matmul(stacked * scale, keys.transpose(-1, -2)).float()  # [Hkv, G*T, S]
+    if causal:  # only the last T keys need a mask: every query sees the whole prefix
+        future = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu_(1)
+        scores[:, :, -tokens:].masked_fill_(future.repeat(group, 1), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    out = torch.matmul(weights, values)  # [Hkv, G*T, D]
+    return out.reshape(kv_heads, group, tokens, head_dim).permute(2, 0, 1, 3).reshape(tokens, -1)
 
 
 def _partial(

@@ -116,6 +116,27 @@ def test_contiguous_single_decode_uses_a_view_and_is_correct():
     world.step({"a": 1})
 
 
+def test_short_extends_over_a_prefix_attend_grouped_and_long_ones_through_sdpa(monkeypatch):
+    """A verify step (k + 1 rows) or a short turn over a cached prefix: one matmul per KV head,
+    no K/V repeat; a longer extend keeps SDPA. Both match the naive reference."""
+    from localradix.runner import attention_torch
+
+    rows: list[int] = []
+    grouped = attention_torch._grouped
+
+    def spy(q, *args, **kwargs):
+        rows.append(q.shape[0])
+        return grouped(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention_torch, "_grouped", spy)
+    world = _World(num_slots=512)
+    world.step({"a": 40})
+    world.step({"a": attention_torch.SMALL_EXTEND})
+    world.step({"a": attention_torch.SMALL_EXTEND + 1})
+    world.step({"a": 1})
+    assert rows == [attention_torch.SMALL_EXTEND]  # the decode's slots are not one run here
+
+
 def test_mixed_batches():
     world = _World()
     world.step({"a": 4, "b": 7, "c": 1})
