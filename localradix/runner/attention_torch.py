@@ -115,8 +115,9 @@ class TorchNativeAttention(AttentionBackend):
             return _cascade(plan, q, k_cache, v_cache, scale).reshape(batch, -1)
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
             return _grouped(q, k_cache[plan.slots], v_cache[plan.slots], scale)
-        else:
-            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
+        keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
+        if batch == 1 and plan.mask is None:  # one request on scattered slots (after drafts)
+            return _grouped(q, keys[0], values[0], scale)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
             keys.to(q.dtype).transpose(1, 2),

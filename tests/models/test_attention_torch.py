@@ -117,8 +117,8 @@ def test_contiguous_single_decode_uses_a_view_and_is_correct():
 
 
 def test_short_extends_over_a_prefix_attend_grouped_and_long_ones_through_sdpa(monkeypatch):
-    """A verify step (k + 1 rows) or a short turn over a cached prefix: one matmul per KV head,
-    no K/V repeat; a longer extend keeps SDPA. Both match the naive reference."""
+    """A verify step (k + 1 rows), a short turn over a cached prefix or a lone decode: one
+    matmul per KV head, no K/V repeat; a longer extend keeps SDPA. All match the reference."""
     from localradix.runner import attention_torch
 
     rows: list[int] = []
@@ -134,7 +134,7 @@ def test_short_extends_over_a_prefix_attend_grouped_and_long_ones_through_sdpa(m
     world.step({"a": attention_torch.SMALL_EXTEND})
     world.step({"a": attention_torch.SMALL_EXTEND + 1})
     world.step({"a": 1})
-    assert rows == [attention_torch.SMALL_EXTEND]  # the decode's slots are not one run here
+    assert rows == [attention_torch.SMALL_EXTEND, 1]  # and a lone decode (scattered slots)
 
 
 def test_mixed_batches():

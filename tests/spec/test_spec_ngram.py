@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import Cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spec_toys import Cache
 
 from localradix.mem import check_invariants
 from localradix.spec import ContextIndex, NgramConfig, NgramDrafter, TreeContinuations

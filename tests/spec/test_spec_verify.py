@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import ToyModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spec_stats import chi_square, chi_square_sf
+from spec_toys import ToyModel
 
 from localradix.spec import (
     NgramConfig,

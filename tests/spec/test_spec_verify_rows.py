@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ToyModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spec_toys import ToyModel
 
 from localradix.sampling_params import SamplingParams
 from localradix.spec import (
