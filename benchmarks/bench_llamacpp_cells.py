@@ -1,12 +1,15 @@
 """What a llama.cpp step costs, by batch size and by idle cells in the unified KV cache.
 
 Raw `llama_decode` on one context built as the llamacpp backend builds it (unified KV, 256
-sequence ids, flash attention): `--batch` sequences of 64 prompt tokens decode together while
-`--idle` cells of other sequences (512 tokens each) sit in the cache, as cached prefixes do.
-Every step's attention scans every live cell, so idle cells slow every request: this is the
-measurement behind the backend's default `--max-cached-tokens`.
+sequence ids, flash attention): `--batch` sequences of `--prompt` tokens (after a `--shared`
+prefix they all tag) decode together while `--idle` cells of other sequences (512 tokens each)
+sit in the cache, as cached prefixes do. Every step's attention scans every live cell, so idle
+cells slow every request: this is the measurement behind the backend's default
+`--max-cached-tokens`. With `--shared 1450 --prompt 60 --batch 8 --idle 0` it is the decode
+step of the bench's `agent` workload (32 x 48 tokens, 8 at a time: 192 such steps).
 
     python benchmarks/bench_llamacpp_cells.py [--model X.gguf] [--batch 1 8] [--idle 0 8192]
+        [--prompt 64] [--shared 0]
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import numpy as np
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.loader import resolve_model
 
-PROMPT = 64  # tokens of each decoding sequence's prompt
 IDLE_SEQ = 512  # tokens per idle sequence
 FIRST_IDLE_SEQ = 100  # idle sequences' ids start here, past the decoding ones
 
@@ -41,7 +43,7 @@ def main() -> int:
     print(f"{'idle cells':>10} {'batch':>5} {'ms/step':>8} {'tok/s':>7}")
     for idle in ns.idle:
         for n in ns.batch:
-            ms = _step_ms(llama, ctx, batch, idle, n, ns.steps)
+            ms = _step_ms(llama, ctx, batch, idle, n, ns)
             print(f"{idle:>10} {n:>5} {ms:>8.2f} {n / ms * 1e3:>7.1f}", flush=True)
     llama.llama_free(ctx)
     llama.llama_model_free(model)
@@ -61,19 +63,29 @@ def _context_params(llama, ns: argparse.Namespace):
     return params
 
 
-def _step_ms(llama, ctx, batch, idle: int, n: int, steps: int) -> float:
+def _step_ms(llama, ctx, batch, idle: int, n: int, ns: argparse.Namespace) -> float:
     """Mean ms of one decode step of `n` sequences with `idle` other cells live."""
     for k in range(idle // IDLE_SEQ):
         _decode(llama, ctx, batch, np.full(IDLE_SEQ, 100 + k), np.arange(IDLE_SEQ),
                 np.full(IDLE_SEQ, FIRST_IDLE_SEQ + k))  # fmt: skip
-    for s in range(1, n + 1):
-        _decode(llama, ctx, batch, np.full(PROMPT, 200 + s), np.arange(PROMPT), np.full(PROMPT, s))
+    shared, own = ns.shared, ns.prompt
+    for start in range(0, shared, 512):  # the shared prefix, on sequence 0
+        end = min(start + 512, shared)
+        _decode(llama, ctx, batch, np.full(end - start, 150), np.arange(start, end),
+                np.zeros(end - start))  # fmt: skip
+    memory = llama.llama_get_memory(ctx)
+    for s in range(1, n + 1):  # each tags the shared cells (as the backend shares a prefix)
+        if shared:
+            llama.llama_memory_seq_cp(memory, 0, s, 0, shared)
+        _decode(llama, ctx, batch, np.full(own, 200 + s), np.arange(shared, shared + own),
+                np.full(own, s))  # fmt: skip
     start = time.perf_counter()
-    for k in range(steps):
-        _decode(llama, ctx, batch, np.full(n, 300), np.full(n, PROMPT + k), np.arange(1, n + 1))
+    for k in range(ns.steps):
+        _decode(llama, ctx, batch, np.full(n, 300), np.full(n, shared + own + k),
+                np.arange(1, n + 1))  # fmt: skip
     elapsed = time.perf_counter() - start
-    llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
-    return elapsed / steps * 1e3
+    llama.llama_memory_clear(memory, True)
+    return elapsed / ns.steps * 1e3
 
 
 def _decode(llama, ctx, batch, tokens, positions, seqs) -> None:
@@ -92,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--idle", type=int, nargs="+", default=[0, 4096, 8192, 16384])
     p.add_argument("--steps", type=int, default=30, help="decode steps timed per row")
+    p.add_argument("--prompt", type=int, default=64, help="each decoding sequence's own tokens")
+    p.add_argument(
+        "--shared", type=int, default=0, help="a prefix every decoding sequence shares (tagged)"
+    )
     return p
 
 
