@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from localradix.config import ServerArgs
+from localradix.server.core.keep_alive import keep_alive_seconds
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError, bad_request
 from localradix.server.model_list import store_source
@@ -34,13 +35,6 @@ logger = logging.getLogger("localradix.server")
 REAP_INTERVAL_S = 0.25
 BUSY_RETRY_AFTER_S = 10
 LEASES = "localradix.leases"  # ASGI scope key: releases run when the response is sent
-
-
-def keep_alive_seconds(value: float | str | None) -> float | None:
-    """Ollama's keep_alive (seconds or a Go duration); None: the server's default."""
-    from localradix.server.ollama.request import keep_alive_seconds as parse
-
-    return parse(value)
 
 
 class ModelPool:

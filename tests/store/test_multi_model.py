@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import FOLDER_REPO, GGUF_REPO, REPO, cli, start_serve, store_env
 from hub_standin import HubStandIn, Repo
+from store_support import FOLDER_REPO, GGUF_REPO, REPO, cli, start_serve, store_env
 
 DEFAULT = "SmolLM2-135M-Instruct"  # the bundled model, served when `serve` gets none
 GGUF = f"{GGUF_REPO}:Q4_1"  # listed by ref: its derived alias is the bundled model's too

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import ollama
 import pytest
-from conftest import FOLDER_REPO, GGUF_REPO, REPO, bundled_gguf, start_serve, store_env
 from hub_standin import HubStandIn, Repo
+from store_support import FOLDER_REPO, GGUF_REPO, REPO, bundled_gguf, start_serve, store_env
 
 FAKE = {
     "LOCALRADIX_ENGINE_CORE": "fake_engine_core:FakeCore",

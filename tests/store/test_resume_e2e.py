@@ -4,7 +4,7 @@ shard, lists nothing, and the next pull fetches only what is missing."""
 
 from __future__ import annotations
 
-from conftest import SHARDS, SPLIT_REPO, cli, files_under, store_env
+from store_support import SHARDS, SPLIT_REPO, cli, files_under, store_env
 
 CHUNK = 10 << 20  # huggingface-hub writes what it receives in chunks of 10 MiB
 CUT_AT = CHUNK + 1000

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from hub_standin import HubStandIn, Repo
+from store_support import (
     EMPTY_REPO,
     ENCODER_REPO,
     FOLDER_REPO,
@@ -19,7 +20,6 @@ from conftest import (
     start_serve,
     store_env,
 )
-from hub_standin import HubStandIn, Repo
 
 QUANT_FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
 

@@ -3,7 +3,6 @@ response_format, messages and tool calls -> OpenAI's."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from localradix.server.core.body import convert
@@ -20,29 +19,12 @@ RENAMES = {
     "repetition_penalty": "repeat_penalty",
     "response_format": "format",
 }
-_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def served(manager: TokenizerManager, model: str) -> str:
     if not model:
         raise bad_request("model is required", "model")
     return served_model(manager, model, latest_ok=True)
-
-
-def keep_alive_seconds(value: float | str | None) -> float | None:
-    """Ollama's keep_alive: seconds, or a Go duration ("5m", "1h30m", "-1"); None: default."""
-    if value is None or isinstance(value, (int, float)):
-        return value
-    text = value.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise bad_request(f"keep_alive: invalid duration {value!r} (try 300, '5m' or -1)")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 def _sampling(opts: Options | None, fmt: str | dict[str, Any] | None) -> dict[str, Any]:

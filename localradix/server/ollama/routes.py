@@ -19,6 +19,7 @@ from localradix.server.core.body import decode
 from localradix.server.core.gather import answer
 from localradix.server.core.http import NDJSON, error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job
+from localradix.server.core.keep_alive import keep_alive_seconds
 from localradix.server.errors import APIError
 from localradix.server.ollama import embed, models, store
 from localradix.server.ollama.protocol import ChatBody, GenerateBody
@@ -30,12 +31,7 @@ from localradix.server.ollama.render import (
     now_iso,
     response_body,
 )
-from localradix.server.ollama.request import (
-    chat_request,
-    generate_request,
-    keep_alive_seconds,
-    served,
-)
+from localradix.server.ollama.request import chat_request, generate_request, served
 from localradix.server.protocol import CompletionRequest
 from localradix.server.tokenizer_manager import Job
 
