@@ -169,9 +169,9 @@ class RadixCache:
                 self.tree.move_size(node, to_protected=False)
             node = node.parent  # type: ignore[assignment]
 
-    def evict(self, n_tokens: int, cold_at: float | None = None) -> int:
-        """Free at least `n_tokens` (if possible) of unlocked leaves, by policy, to the pool;
-        with `cold_at`, only those cold by then (`TreeNode.cold_from <= cold_at`).
+    def evict(self, n_tokens: int, cold_at: float = math.inf) -> int:
+        """Free at least `n_tokens` (if possible) of unlocked leaves, by policy, to the pool:
+        those cold by `cold_at` (`TreeNode.cold_from <= cold_at`; every leaf by default).
 
         A parent that becomes an unlocked leaf joins the candidates. Returns tokens freed.
         """
@@ -179,11 +179,7 @@ class RadixCache:
             return 0
         key = self.policy.key
         leaves = self.tree.leaves
-
-        def candidate(node: TreeNode) -> bool:
-            return cold_at is None or node.cold_from <= cold_at
-
-        heap = [(key(leaf), leaf.id, leaf) for leaf in leaves if candidate(leaf)]
+        heap = [(key(leaf), leaf.id, leaf) for leaf in leaves if leaf.cold_from <= cold_at]
         heapq.heapify(heap)
         freed = 0
         while freed < n_tokens and heap:
@@ -191,7 +187,7 @@ class RadixCache:
             freed += len(leaf.key)
             parent = self.tree.remove_leaf(leaf)
             self.pool.free(leaf.value)
-            if parent in leaves and candidate(parent):
+            if parent in leaves and parent.cold_from <= cold_at:
                 heapq.heappush(heap, (key(parent), parent.id, parent))
         return freed
 
