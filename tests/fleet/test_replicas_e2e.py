@@ -3,14 +3,15 @@
 One fleet per module. The same chat workload (4 conversations x 3 turns, max_tokens 8) runs
 against one replica alone (the single-server baseline), through the fleet's own gateway
 (cache_aware) and through a second smg gateway over the same replicas (round_robin); each run
-opens its prompts with its own nonce, so no run reuses another's cache. Then one replica is
-killed mid-run: only requests in flight on it may fail, the supervisor restarts it and the
-gateway routes to it again.
+opens its prompts with its own nonce, so no run reuses another's cache. Then the busier replica
+is killed under four long streams: exactly the streams it ran fail, requests sent right after
+the kill are routed around it, the supervisor restarts it and the gateway routes to it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ import httpx
 import pytest
 
 from localradix.bench.launch import free_port
-from localradix.bench.runner import SKIPPED, Endpoint, RunOptions, RunResult, run_workload
+from localradix.bench.runner import Endpoint, RunOptions, RunResult, run_workload
 from localradix.bench.workloads import Sizes, build_workload
 from localradix.config import ServerArgs
 from localradix.fleet.gateway import gateway_argv
@@ -175,31 +176,19 @@ def test_cache_aware_routing_keeps_the_single_server_hit_rate(fleet: Fleet, roun
 def test_a_killed_replica_loses_only_its_in_flight_requests_and_comes_back(
     fleet: Fleet, round_robin: str
 ):
+    """Four long streams run, each past its first token; the busier replica is killed.
+
+    Every stream has reached a replica's engine before the replicas are counted and none can
+    end before the kill (256 tokens), so the streams lost must be exactly the ones it ran.
+    """
     replicas = fleet.replicas()
     model = model_of(fleet.url)
-    killed: list[tuple[str, str, int, int, float]] = []  # name, url, pid, in flight, when
+    killed = asyncio.run(_kill_the_busier_replica(fleet.url, round_robin, model, replicas))
+    print(f"\nkilled {killed.name} with {killed.running} streams on it: {killed.lost} lost")
+    assert killed.lost == killed.running, killed.errors
+    assert killed.served_after_the_kill == 2 * AFTER_THE_KILL  # both gateways routed around it
 
-    async def run_and_kill() -> RunResult:
-        run = asyncio.create_task(asyncio.to_thread(chat, fleet.url, model, "kill"))
-        async with httpx.AsyncClient(timeout=5) as client:
-            while not run.done() and not killed:  # kill whichever replica works first
-                for name, (url, pid) in replicas.items():
-                    busy = (await client.get(url + "/v1/stats")).json()["server"]["in_flight"]
-                    if busy:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append((name, url, pid, busy, time.perf_counter()))
-                        break
-                await asyncio.sleep(0.02)
-        return await run
-
-    run = asyncio.run(run_and_kill())
-    assert killed, "the run ended before a replica had a request"
-    name, url, pid, busy, killed_at = killed[0]
-    lost = [r for r in run.results if not r.ok and r.error != SKIPPED]
-    print(f"\nkilled {name} with {busy} requests on it: {len(lost)} lost, {_skipped(run)} skipped")
-    assert len(lost) <= busy, [r.error for r in lost]
-    assert all(r.start < killed_at for r in lost)  # every request sent afterwards succeeded
-
+    name, url, pid = killed.name, *replicas[killed.name]
     new_pid = wait_for(lambda: _new_pid(fleet, name, pid), 120, "the supervisor's restart")
     assert new_pid != pid and not _alive(pid)
     wait_for(lambda: url in healthy_workers(fleet.url), 60, "the gateway to route to it again")
@@ -210,8 +199,78 @@ def test_a_killed_replica_loses_only_its_in_flight_requests_and_comes_back(
     assert engine["prompt_tokens_total"] > 0  # the restarted replica served some of them
 
 
-def _skipped(run: RunResult) -> int:
-    return sum(r.error == SKIPPED for r in run.results)
+STREAMS, STREAM_TOKENS, AFTER_THE_KILL = 4, 256, 4
+
+
+@dataclass
+class Killed:
+    name: str
+    running: int  # streams on it when it was killed
+    lost: int
+    errors: list[str]
+    served_after_the_kill: int
+
+
+async def _kill_the_busier_replica(
+    gateway: str, round_robin: str, model: str, replicas: dict[str, tuple[str, int]]
+) -> Killed:
+    """Streams through the fleet's gateway; after the kill, short requests through both."""
+    async with httpx.AsyncClient(base_url=gateway, timeout=120) as client:
+        started = [asyncio.Event() for _ in range(STREAMS)]
+        streams = [
+            asyncio.create_task(_long_stream(client, model, i, started[i])) for i in range(STREAMS)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        running = {name: await _in_flight(client, url) for name, (url, _) in replicas.items()}
+        name = max(running, key=running.__getitem__)
+        os.kill(replicas[name][1], signal.SIGKILL)
+        after = [
+            _short_request(client, url, model, i)
+            for url in (gateway, round_robin)  # round_robin sends every other one to the dead
+            for i in range(AFTER_THE_KILL)
+        ]
+        served = sum(await asyncio.gather(*after))
+        errors = [e for e in await asyncio.gather(*streams) if e is not None]
+    assert sum(running.values()) == STREAMS, running
+    return Killed(name, running[name], len(errors), errors, served)
+
+
+async def _in_flight(client: httpx.AsyncClient, replica_url: str) -> int:
+    stats = (await client.get(replica_url + "/v1/stats")).json()
+    return stats["server"]["in_flight"]
+
+
+async def _long_stream(
+    client: httpx.AsyncClient, model: str, i: int, started: asyncio.Event
+) -> str | None:
+    """None once the stream ends with [DONE] and no error; else what went wrong."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Story {i}: write a long tale about a river."}],
+        "max_tokens": STREAM_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if "error" in chunk:
+                        return line
+                    if any(c["delta"].get("content") for c in chunk["choices"]):
+                        started.set()  # a token came back: the stream is in a replica's engine
+                elif line == "data: [DONE]":
+                    return None if response.status_code == 200 else str(response.status_code)
+    except httpx.HTTPError as e:
+        return repr(e)
+    return "the stream ended without [DONE]"
+
+
+async def _short_request(client: httpx.AsyncClient, gateway: str, model: str, i: int) -> bool:
+    body = {"model": model, "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 4}
+    response = await client.post(gateway + "/v1/chat/completions", json=body)
+    return response.status_code == 200
 
 
 def _new_pid(fleet: Fleet, name: str, old: int) -> int | None:
@@ -232,6 +291,7 @@ def test_the_dashboard_on_the_gateway_shows_each_replica(fleet: Fleet):
                 return Stats.parse(event.data)
         raise AssertionError("the feed ended")
 
+    wait_for(lambda: len(healthy_workers(fleet.url)) == 2, 120, "both replicas up")
     stats = asyncio.run(first_snapshot())
     urls = sorted(url for url, _ in fleet.replicas().values())
     assert [r["url"] for r in stats.replicas] == urls and all(r["up"] for r in stats.replicas)
