@@ -11,6 +11,14 @@ from pathlib import Path
 from localradix.store.catalog import StoreEntry, hub_cache, repo_dir
 
 
+def delete_model(entry: StoreEntry) -> None:
+    """What `localradix rm` and Ollama's /api/delete do: the files, then the aliases naming it."""
+    from localradix.store.aliases import drop_aliases_of
+
+    remove_entry(entry)
+    drop_aliases_of(entry.ref)
+
+
 def remove_entry(entry: StoreEntry) -> None:
     assert entry.repo is not None, "the bundled model is not removable"
     remove_files(entry.repo, entry.files)
