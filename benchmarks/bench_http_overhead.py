@@ -19,22 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import psutil
 
 from localradix import Engine, SamplingParams
+from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = (
     "cache radix tree prefix token batch schedule decode prefill memory kernel tensor model "
     "server request stream latency throughput policy evict page slot layer attention query key "
@@ -124,29 +119,12 @@ def _summary(wall: float, results: list[tuple[float, int]]) -> dict:
     }
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "localradix", "serve", *([args.model] if args.model else [])]
-    cmd += ["--port", str(port), "--max-total-tokens", str(args.max_total_tokens)]
-    cmd += ["--dtype", args.dtype]
-    cmd += ["--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not become healthy")
+def launch_server(args: argparse.Namespace) -> ServerProcess:
+    """`localradix serve` with the in-process engine's settings; entered = answering /health."""
+    port = free_port()
+    flags = ("--max-total-tokens", str(args.max_total_tokens), "--dtype", args.dtype)
+    argv = localradix_argv((*flags, "--log-level", "warning"), port, args.model)
+    return ServerProcess(argv, port, env=localradix_env())
 
 
 def main() -> int:
@@ -165,39 +143,11 @@ def main() -> int:
     prompts = workload(args.requests, args.prefix_words)
     engine = Engine(args.model, max_total_tokens=args.max_total_tokens, dtype=args.dtype)
     print(f"shared prefix: {len(engine.tokenizer.encode(prompts[0]))} tokens per prompt")
-    proc, url = start_server(args)
-    served = httpx.get(url + "/v1/stats").json()["model"]
-    print(f"dtype: in-process {engine.core.info.dtype}, server {served['dtype']}")
-    stream = not args.no_stream
-    run_e = lambda: asyncio.run(  # noqa: E731
-        engine_round(engine, prompts, args.max_tokens, args.concurrency)
-    )
-    run_h = lambda: asyncio.run(  # noqa: E731
-        http_round(url, prompts, args.max_tokens, args.concurrency, stream)
-    )
-    api = psutil.Process(proc.pid)
-    engine_proc = next(c for c in api.children() if "spawn_main" in " ".join(c.cmdline()))
-    me = psutil.Process()
-    cpu = {"api": 0.0, "client": 0.0, "engine": 0.0}
     try:
-        run_e(), run_h()  # warm-up (allocations, first-call costs)
-        rows: dict[str, list[dict]] = {"in-process": [], "http": []}
-        for i in range(args.rounds):
-            engine.flush_cache()
-            rows["in-process"].append(run_e())
-            httpx.post(url + "/v1/cache/flush").raise_for_status()
-            before = [_cpu(p) for p in (api, me, engine_proc)]
-            rows["http"].append(run_h())
-            for key, b, p in zip(cpu, before, (api, me, engine_proc), strict=True):
-                cpu[key] += _cpu(p) - b
-            print(
-                f"round {i + 1}: in-process {rows['in-process'][-1]['wall_s']:.2f} s, "
-                f"http {rows['http'][-1]['wall_s']:.2f} s"
-            )
+        with launch_server(args) as server:
+            rows, cpu = measure(engine, server, prompts, args)
     finally:
         engine.close()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
 
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in rows.items()}
     print()
@@ -207,7 +157,7 @@ def main() -> int:
         ttft = statistics.median(r["mean_ttft_s"] for r in runs)
         print(f"{name:<12}{med[name]:>15.2f}{tps:>10.1f}{ttft:>14.3f}")
     overhead = med["http"] / med["in-process"] - 1
-    mode = "SSE" if stream else "non-streaming"
+    mode = "non-streaming" if args.no_stream else "SSE"
     print(f"\nHTTP ({mode}) overhead vs in-process Engine: {overhead:+.1%} (target <= 15%)")
     share = (cpu["api"] + cpu["client"]) / max(cpu["engine"], 1e-9)
     print(
@@ -216,6 +166,42 @@ def main() -> int:
         f"{share:.1%} of the engine's CPU time"
     )
     return 0
+
+
+def measure(
+    engine: Engine, server: ServerProcess, prompts: list[str], args: argparse.Namespace
+) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """Alternating rounds (cache flushed before each), and the CPU seconds of the HTTP rounds."""
+    url = server.base
+    served = httpx.get(url + "/v1/stats").json()["model"]
+    print(f"dtype: in-process {engine.core.info.dtype}, server {served['dtype']}")
+    stream = not args.no_stream
+    run_e = lambda: asyncio.run(  # noqa: E731
+        engine_round(engine, prompts, args.max_tokens, args.concurrency)
+    )
+    run_h = lambda: asyncio.run(  # noqa: E731
+        http_round(url, prompts, args.max_tokens, args.concurrency, stream)
+    )
+    assert server.proc is not None
+    api = psutil.Process(server.proc.pid)
+    engine_proc = next(c for c in api.children() if "spawn_main" in " ".join(c.cmdline()))
+    me = psutil.Process()
+    cpu = {"api": 0.0, "client": 0.0, "engine": 0.0}
+    run_e(), run_h()  # warm-up (allocations, first-call costs)
+    rows: dict[str, list[dict]] = {"in-process": [], "http": []}
+    for i in range(args.rounds):
+        engine.flush_cache()
+        rows["in-process"].append(run_e())
+        httpx.post(url + "/v1/cache/flush").raise_for_status()
+        before = [_cpu(p) for p in (api, me, engine_proc)]
+        rows["http"].append(run_h())
+        for key, b, p in zip(cpu, before, (api, me, engine_proc), strict=True):
+            cpu[key] += _cpu(p) - b
+        print(
+            f"round {i + 1}: in-process {rows['in-process'][-1]['wall_s']:.2f} s, "
+            f"http {rows['http'][-1]['wall_s']:.2f} s"
+        )
+    return rows, cpu
 
 
 def _cpu(proc: psutil.Process) -> float:
