@@ -25,6 +25,7 @@ The rooms this loop drives, one file each:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from localradix.config import ServerArgs
@@ -61,8 +62,10 @@ class Scheduler:
         decode: Callable[[list[int]], str],
         vocab_size: int,
         grammar: GrammarBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runner = runner
+        self.clock = clock  # pin deadlines and when one-off prefixes turn cold
         self.args = args
         page = args.page_size
         self.pool = KVPool(runner.kv_capacity, page_size=page)
@@ -84,7 +87,7 @@ class Scheduler:
             args.mixed_prefill == "auto" and runner.mixes_decode_into_prefill
         )
         self.queues = RequestQueues()
-        self.slots = SlotHandoff(self.pool, self.req_pool, self.cache)
+        self.slots = SlotHandoff(self.pool, self.req_pool, self.cache, clock)
         self.stop_checker = StopChecker(eos_token_ids, context_len, decode)
         self.counters = SchedulerStats(self.queues, self.slots, decode, args.decode_log_interval)
         self.intake = Intake(
@@ -110,7 +113,7 @@ class Scheduler:
             vocab_size,
             self.speculator,
         )
-        self.pins = PinKeeper(self.cache, self.queues, self.cached_budget)
+        self.pins = PinKeeper(self.cache, self.queues, self.cached_budget, clock)
         self.in_flight: InFlight | None = None
 
     @staticmethod
@@ -153,7 +156,7 @@ class Scheduler:
             self._read_in_flight()
         batch = self._schedule()
         if batch:
-            trim_cache(self.cache, self.cached_budget, self.slots.clock())
+            trim_cache(self.cache, self.cached_budget, self.clock())
         launched = self.launcher.launch(batch) if batch else None
         self.pins.apply(batch)  # the launch cached the prompts' KV
         self._read_in_flight()  # step N's tokens, read while step N+1 runs

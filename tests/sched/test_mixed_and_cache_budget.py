@@ -13,27 +13,24 @@ from .test_overlap_scheduler import KVHashRunner, _scheduler
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
 
-class StepClock:
-    """The scheduler's clock, moved one second per step (one-off prefixes turn cold
+def _step_clocked(runner: KVHashRunner, args: ServerArgs) -> Scheduler:
+    """A scheduler whose clock moves one second per step (one-off prefixes turn cold
     COLD_GRACE_S = 2 steps after they are cached)."""
+    now = [0.0]
+    sched = _scheduler(runner, args, clock=lambda: now[0])
+    step = sched.step
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.now = 0.0
-        self._step = sched.step
-        sched.slots.clock = lambda: self.now
-        sched.step = self.step  # type: ignore[method-assign]
+    def stepped():
+        now[0] += 1.0
+        return step()
 
-    def step(self):
-        self.now += 1.0
-        return self._step()
+    sched.step = stepped  # type: ignore[method-assign]
+    return sched
 
 
 def _budgeted(max_total: int, budget: int) -> Scheduler:
-    sched = _scheduler(
-        KVHashRunner(max_total), ServerArgs(max_total_tokens=max_total, max_cached_tokens=budget)
-    )
-    StepClock(sched)
-    return sched
+    args = ServerArgs(max_total_tokens=max_total, max_cached_tokens=budget)
+    return _step_clocked(KVHashRunner(max_total), args)
 
 
 def _steps_to_finish(mixed: str) -> tuple[int, dict[str, list[int]]]:
@@ -111,8 +108,7 @@ class CachedAtLaunch(KVHashRunner):
 def test_the_budget_holds_at_every_launch():
     runner = CachedAtLaunch(1000)
     args = ServerArgs(max_total_tokens=1000, max_cached_tokens=15)
-    sched = runner.sched = _scheduler(runner, args)
-    StepClock(sched)
+    sched = runner.sched = _step_clocked(runner, args)
     long = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
     sched.add_request(GenerateRequest("long", (2, 3) * 30, long))  # keeps the engine busy
     for i in range(3):  # each leaves 4 + 7 tokens cached
@@ -152,7 +148,7 @@ def test_one_off_prompts_are_trimmed_before_a_conversation():
         sched.add_request(GenerateRequest(str(i), tuple(range(10 * i + 5, 10 * i + 15)), GREEDY))
         for _ in range(12):
             sched.step()
-        assert sched.cache.evictable_cold_size(sched.slots.clock()) <= 80 // 8
+        assert sched.cache.evictable_cold_size(sched.clock()) <= 80 // 8
     assert sched.cache.match_prefix(turn2).matched_len == len(turn2)  # the conversation stays
     assert sched.cache.match_prefix(tuple(range(5, 15))).matched_len == 0  # one-offs went
     assert sched.cache.match_prefix(tuple(range(60, 90))).matched_len == 0

@@ -12,6 +12,8 @@ invariants holding whenever the scheduler goes idle.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +95,9 @@ class OverlappingHashRunner(KVHashRunner):
         return _Pending(self, self.launched - 1, placeholders, tokens)
 
 
-def _scheduler(runner: ModelRunner, args: ServerArgs) -> Scheduler:
+def _scheduler(
+    runner: ModelRunner, args: ServerArgs, clock: Callable[[], float] = time.monotonic
+) -> Scheduler:
     return Scheduler(
         runner,
         args,
@@ -101,6 +105,7 @@ def _scheduler(runner: ModelRunner, args: ServerArgs) -> Scheduler:
         eos_token_ids=(EOS,),
         decode=lambda ids: " ".join(map(str, ids)),
         vocab_size=VOCAB,
+        clock=clock,
     )
 
 

@@ -25,9 +25,8 @@ class Clock:
 
 def _pinning_scheduler(total: int, overlap: bool = False) -> tuple[Scheduler, Clock]:
     runner = OverlappingHashRunner(total) if overlap else KVHashRunner(total)
-    sched = _scheduler(runner, ServerArgs(max_total_tokens=total))
     clock = Clock()
-    sched.pins.clock = clock
+    sched = _scheduler(runner, ServerArgs(max_total_tokens=total), clock)
     return sched, clock
 
 
