@@ -108,8 +108,8 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     summary="Describe a model",
     responses={200: ResponseSpec(ModelCard), **AUTH, **UNKNOWN_MODEL, **UNAVAILABLE},
 )
-async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[Any]:
-    wanted = model_id.lstrip("/")
+async def get_model(request: Request[Any, Any, Any]) -> Response[Any]:
+    wanted = str(request.path_params["model_id"]).lstrip("/")
     for card in await _model_cards(request):
         if card.id == wanted:
             return json_response(card)

@@ -116,7 +116,8 @@ def _forget(body: dict[str, Any]) -> None:
 
 
 @get("/{response_id:str}", summary="Responses API: a kept response", responses=NOT_KEPT)
-async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -> Response[Any]:
+async def retrieve_response(request: Request[Any, Any, Any]) -> Response[Any]:
+    response_id = request.path_params["response_id"]
     kept = _store(request).get(response_id)
     if kept is None:
         raise APIError(404, f"no response '{response_id}' is kept here", param="response_id")
@@ -129,7 +130,8 @@ async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -
     responses=NOT_KEPT,
     status_code=200,
 )
-async def delete_response(request: Request[Any, Any, Any], response_id: str) -> Response[Any]:
+async def delete_response(request: Request[Any, Any, Any]) -> Response[Any]:
+    response_id = request.path_params["response_id"]
     if not _store(request).pop(response_id):
         raise APIError(404, f"no response '{response_id}' is kept here", param="response_id")
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
