@@ -86,7 +86,7 @@ def add_rm_parser(subparsers: Any) -> None:
 def run_rm(ns: argparse.Namespace) -> int:
     from localradix.store.lookup import find_entry
     from localradix.store.names import human_size, split_ref
-    from localradix.store.remove import delete_model, remove_repo
+    from localradix.store.remove import remove_model, remove_repo
 
     entry = find_entry(ns.model)
     if entry is None:
@@ -100,7 +100,7 @@ def run_rm(ns: argparse.Namespace) -> int:
     if not _confirm(f"remove {entry.ref} ({human_size(entry.size)})?", ns.yes):
         print("kept", entry.ref)
         return 1
-    delete_model(entry)
+    remove_model(entry)
     print(f"removed {entry.ref}")
     return 0
 

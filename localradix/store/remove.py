@@ -11,7 +11,7 @@ from pathlib import Path
 from localradix.store.catalog import StoreEntry, hub_cache, repo_dir
 
 
-def delete_model(entry: StoreEntry) -> None:
+def remove_model(entry: StoreEntry) -> None:
     """What `localradix rm` and Ollama's /api/delete do: the files, then the aliases naming it."""
     from localradix.store.aliases import drop_aliases_of
 

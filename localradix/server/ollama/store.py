@@ -51,13 +51,13 @@ async def pull_model(request: Request[Any, Any, Any]) -> Response[Any]:
 @delete("/delete", summary="Ollama: delete a model from the store", status_code=200)
 async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
     from localradix.server.model_pool import model_key
-    from localradix.store.remove import delete_model
+    from localradix.store.remove import remove_model
 
     body = decode(await request.body() or b"{}", DeleteBody)
     entry = await asyncio.to_thread(_entry, body.model or body.name)
     if not await state(request).pool.unload_idle(model_key(entry.path)):
         raise APIError(409, f"'{entry.ref}' is serving requests (or is the default model)")
-    await asyncio.to_thread(delete_model, entry)
+    await asyncio.to_thread(remove_model, entry)
     return Response(b"", status_code=200)
 
 
