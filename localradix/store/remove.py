@@ -12,7 +12,7 @@ from localradix.store.catalog import StoreEntry, hub_cache, repo_dir
 
 
 def remove_model(entry: StoreEntry) -> None:
-    """What `localradix rm` and Ollama's /api/delete do: the files, then the aliases naming it."""
+    """A model's files, then the aliases naming it (the rm command, Ollama's /api/delete)."""
     from localradix.store.aliases import drop_aliases_of
 
     remove_entry(entry)
