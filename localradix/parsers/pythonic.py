@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from typing import Any
 
 from localradix.parsers.tool_stream import Region, ToolCallStreamParser
@@ -137,7 +138,9 @@ class _CallScanner:
 def parse_call(text: str) -> tuple[str, str] | None:
     """`name(k=v, ...)` -> (name, arguments as JSON text); None when it is not such a call."""
     try:
-        node = ast.parse(text.strip(), mode="eval").body
+        with warnings.catch_warnings():  # a model's "C:\dir" would warn of an invalid escape
+            warnings.simplefilter("ignore")
+            node = ast.parse(text.strip(), mode="eval").body
         if not isinstance(node, ast.Call) or node.args:
             return None
         arguments = {}

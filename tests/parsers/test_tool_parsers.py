@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localradix.parsers.events import ContentDelta, ParsedToolCalls, ToolCallDelta
+from localradix.parsers.pythonic import parse_call
 from localradix.parsers.tool_calls import (
     TOOL_PARSERS,
     ToolCallStreamParser,
@@ -325,6 +327,14 @@ def test_arguments_stream_before_the_call_ends() -> None:
     assert parser.feed('ty": "Paris"}}\n</tool') == [ToolCallDelta(0, arguments='ty": "Paris"}')]
     assert parser.feed("_call>") == []
     assert parser.finish() == []
+
+
+def test_a_pythonic_call_with_a_windows_path_parses_without_warnings() -> None:
+    """Python warns of the invalid escape in "C:\\dir" (a SyntaxWarning from 3.12, shown by
+    default); the model's text is not our code, so the parser neither warns nor fails."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would turn into a SyntaxError: no call
+        assert parse_call('open(path="C:\\dir")') == ("open", '{"path": "C:\\\\dir"}')
 
 
 def test_marker_prefix_is_held_then_released() -> None:
