@@ -80,7 +80,12 @@ class ServerMetrics:
         )
         lines += _metric("gauge", "requests_running", "Requests being decoded.", s.running)
         lines += _metric("gauge", "requests_queued", "Requests waiting.", s.queued)
-        lines += _metric("gauge", "requests_in_flight", "Open API requests.", in_flight)
+        lines += _metric(
+            "gauge",
+            "requests_in_flight",
+            "Engine requests not finished, one per choice.",
+            in_flight,
+        )
         lines += self._kv_lines(s)
         hits, misses = s.cache_hit_tokens, s.cache_miss_tokens
         rate = hits / (hits + misses) if hits + misses else self.cache_hit_rate

@@ -166,7 +166,8 @@ def test_prompt_longer_than_the_context(client, model):
     assert "8192" in message and "9000" in message or "9001" in message
 
 
-def test_metrics_after_traffic(server):
+def test_metrics_after_traffic(server, client, model):
+    client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
     text = httpx.get(server.url + "/metrics").text
     assert "localradix_time_to_first_token_seconds_count" in text
     count = [
