@@ -129,8 +129,8 @@ class Slots:
     `share` gives a new request the first n slots (n a multiple of the page size) of another's.
     """
 
-    def __init__(self, page_size: int = 1) -> None:
-        self.page_size, self.next_page = page_size, 1
+    def __init__(self, page_size: int, capacity: int) -> None:
+        self.page_size, self.next_page, self.capacity = page_size, 1, capacity
         self.tables: dict[str, list[int]] = {}
 
     def batch(self, new: dict[str, list[int]], share: dict[str, tuple[str, int]] | None = None):
@@ -151,7 +151,10 @@ class Slots:
         if len(table) % self.page_size:
             return table[-1] + 1
         self.next_page += 1
-        return (self.next_page - 1) * self.page_size
+        slot = (self.next_page - 1) * self.page_size
+        if slot + self.page_size > self.capacity:  # a CUDA index assert, else: say it here
+            raise RuntimeError(f"the KV pool holds {self.capacity} tokens; this check needs more")
+        return slot
 
 
 def greedy(n: int) -> SamplingBatch:
@@ -184,7 +187,7 @@ def generate(
 
     names, page = list(prompts), runner.page_size
     late, half = names[-1], len(prompts["p1"]) // 2 // page * page  # whole pages are shared
-    slots, logits_log = Slots(page), []
+    slots, logits_log = Slots(page, runner.kv_capacity), []
     out: dict[str, list[int]] = {n: [] for n in names}
     new = {n: prompts[n] for n in names[:-1]}
     for step in range(n_new + 1):
@@ -280,7 +283,7 @@ def prefill_all(runner: Any, slots: Slots, prompts: dict[str, list[int]], budget
 def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev: str) -> dict:
     from localradix.runner.overlap import OverlapRunner
 
-    slots = Slots(runner.page_size)
+    slots = Slots(runner.page_size, runner.kv_capacity)
     prompts = {f"r{i}": [3 + (i + j) % (vocab - 3) for j in range(ctx)] for i in range(batch)}
     prefill_all(runner, slots, prompts, budget=8192)
     last = {n: [5] for n in prompts}
@@ -336,7 +339,7 @@ def bench_served(runner: Any, batch: int, ctx: int, new: int, overlap: bool, dev
 
 def bench_prefill(runner: Any, tokens: int, vocab: int, dev: str, reps: int = 3) -> float:
     ids = [3 + j % (vocab - 3) for j in range(tokens)]
-    batch = Slots(runner.page_size).batch({"prompt": ids})
+    batch = Slots(runner.page_size, runner.kv_capacity).batch({"prompt": ids})
     runner.forward(batch, greedy(1))  # warm-up (and kernel compilation)
     sync(dev)
     start = time.perf_counter()
@@ -469,7 +472,9 @@ def run_checks(hf: Any, folder: Path, opts: argparse.Namespace, clock: Clock, re
 def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clock, report):
     from localradix.backends.cuda.runner import DeviceRunner
 
-    args = ServerArgs(mem_fraction=opts.mem_fraction, context_length=8192)
+    # Each decode batch's requests hold their context and both timed runs' tokens at once.
+    kv = max(opts.decode_batches) * (opts.context + 2 * opts.steps + 16) + opts.page_size
+    args = ServerArgs(mem_fraction=opts.mem_fraction, context_length=8192, max_total_tokens=kv)
     args = args.replace(max_running_requests=max(opts.decode_batches), page_size=opts.page_size)
     started = time.monotonic()
     runner = build_runner(folder, opts.device, "bfloat16", args)

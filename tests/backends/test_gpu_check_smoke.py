@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -28,3 +29,16 @@ def test_gpu_check_smoke_runs_on_cpu(tmp_path):
     assert served["plain"] > 0 and served["overlap"] > 0
     assert "served decode batch   4:" in done.stdout
     assert result["skipped"] == ["bf16 FlashInfer parity (needs CUDA)"]
+
+
+def test_slots_refuse_to_run_past_the_kv_pool(monkeypatch):
+    """The H200 run hit a CUDA index assert when batch 128's slots ran past a 32k pool: the
+    check now sizes its pool for the largest batch, and its slot maker says so if not."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
+    spec.loader.exec_module(gpu_check)
+    slots = gpu_check.Slots(page_size=4, capacity=16)
+    slots.batch({"a": list(range(8))})  # slots 4..11: page 0 is the pool's padding page
+    with pytest.raises(RuntimeError, match="holds 16 tokens"):
+        slots.batch({"b": list(range(8))})
