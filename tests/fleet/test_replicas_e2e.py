@@ -206,9 +206,12 @@ STREAMS, STREAM_TOKENS, AFTER_THE_KILL = 4, 256, 4
 class Killed:
     name: str
     running: int  # streams on it when it was killed
-    lost: int
-    errors: list[str]
+    errors: list[str]  # one per stream lost
     served_after_the_kill: int
+
+    @property
+    def lost(self) -> int:
+        return len(self.errors)
 
 
 async def _kill_the_busier_replica(
@@ -232,7 +235,7 @@ async def _kill_the_busier_replica(
         served = sum(await asyncio.gather(*after))
         errors = [e for e in await asyncio.gather(*streams) if e is not None]
     assert sum(running.values()) == STREAMS, running
-    return Killed(name, running[name], len(errors), errors, served)
+    return Killed(name, running[name], errors, served)
 
 
 async def _in_flight(client: httpx.AsyncClient, replica_url: str) -> int:
