@@ -56,6 +56,19 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids a model sees for a prompt: BOS (and EOS) where the tokenizer's own rule adds
+        them, and never a second BOS where the text (a chat template's output) already has one."""
+        ids = self.encode(text, add_special_tokens=True)
+        bos = self.bos_token_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos == ids[1]:
+            return ids[1:]
+        return ids
+
+    def piece_bytes(self, token_id: int) -> bytes:
+        """One token's text as bytes (special tokens spelled out)."""
+        return self.backend.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = False
     ) -> list[list[int]]:
