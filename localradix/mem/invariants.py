@@ -42,6 +42,7 @@ def check_invariants(
         f"{cache.protected_size} + owned {owned_tokens} = {accounted} != total {pool.total}",
     )
     _check_pins(cache)
+    _check_snapshots(cache)
     if idle:
         _check_idle(cache)
 
@@ -55,6 +56,18 @@ def _check_pins(cache: RadixCache) -> None:
     for node in cache.pins:
         _require(cache.tree.attached(node), f"pinned {node!r} was evicted")
         _require(node.direct_locks >= 1, f"pinned {node!r} holds no lock for its pin")
+
+
+def _check_snapshots(cache: RadixCache) -> None:
+    """Snapshots sit on attached nodes, each counted once, within the byte budget."""
+    store = cache.snapshots
+    held = {n for n in cache.iter_nodes() if n.snapshot is not None}
+    if store is None:
+        _require(not held, f"snapshots on {len(held)} nodes of a cache that keeps none")
+        return
+    _require(held == set(store.sizes), "the snapshot store and the tree's snapshots disagree")
+    _require(store.bytes == sum(store.sizes.values()), "snapshot bytes drifted")
+    _require(store.bytes <= store.budget, f"snapshots {store.bytes} B over {store.budget} B")
 
 
 def _check_idle(cache: RadixCache) -> None:

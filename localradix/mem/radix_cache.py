@@ -30,6 +30,7 @@ from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool
 from localradix.mem.radix_node import EMPTY, Divergence, MatchResult, TreeNode, as_key
 from localradix.mem.radix_tree import RadixTree
+from localradix.mem.snapshot_store import SnapshotStore
 
 __all__ = ["Divergence", "MatchResult", "RadixCache", "TreeNode", "check_invariants"]
 
@@ -43,6 +44,7 @@ class RadixCache:
         page_size: int = 1,
         eviction_policy: str = "lru",
         disable: bool = False,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         if page_size != pool.page_size:
             raise ValueError(f"cache page_size {page_size} != pool page_size {pool.page_size}")
@@ -51,6 +53,8 @@ class RadixCache:
         self.disable = disable
         self.policy = get_policy(eviction_policy)
         self.tree = RadixTree(page_size)
+        # Set for models that resume only where a state snapshot was taken (recurrent layers).
+        self.snapshots = snapshots
         # Pinned node -> deadline, on the caller's clock (the scheduler's monotonic one).
         self.pins: dict[TreeNode, float] = {}
         pool.set_evictor(self.evict, lambda: self.tree.evictable)
@@ -108,6 +112,20 @@ class RadixCache:
         indices = np.concatenate(walk.parts) if walk.parts else EMPTY
         divergence = self.tree.explain_miss(raw, walk, extra_key)
         return MatchResult(indices, node, walk.pos + walk.partial_len, divergence)
+
+    def resume_point(self, match: MatchResult) -> MatchResult:
+        """`match` cut back to the deepest node on its path that holds a state snapshot (the
+        root when none does): where a model with recurrent state can resume. Unchanged when
+        the cache keeps no snapshots."""
+        if self.snapshots is None:
+            return match
+        node, depth = match.last_node, match.matched_len
+        while node is not self.root and node.snapshot is None:
+            depth -= len(node.key)
+            node = node.parent  # type: ignore[assignment]  # non-root nodes have a parent
+        if node is match.last_node:
+            return match
+        return MatchResult(match.indices[:depth], node, depth, match.divergence)
 
     def insert(
         self,
@@ -186,6 +204,8 @@ class RadixCache:
             leaf = heapq.heappop(heap)[2]
             freed += len(leaf.key)
             parent = self.tree.remove_leaf(leaf)
+            if self.snapshots is not None:
+                self.snapshots.forget(leaf)
             self.pool.free(leaf.value)
             if parent in leaves and parent.cold_from <= cold_at:
                 heapq.heappush(heap, (key(parent), parent.id, parent))
@@ -293,6 +313,8 @@ class RadixCache:
         if held:
             raise RuntimeError(f"reset while requests hold {len(held)} locked nodes")
         self.unpin_all()
+        if self.snapshots is not None:
+            self.snapshots.forget_all()
         values = [node.value for node in self.iter_nodes()]
         if values:
             self.pool.free(np.concatenate(values))

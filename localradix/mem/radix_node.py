@@ -33,6 +33,9 @@ class TreeNode:
     # little of the cache (a one-off prompt) and not hit since. Cold prefixes go first when a
     # cached-token budget trims (`evict(cold_at=now)`). inf: warm (a hit also warms).
     cold_from: float = math.inf
+    # The model's state at this node's end, for models whose state is more than the KV of
+    # their tokens (recurrent layers): an opaque runner handle (`SnapshotStore`), or None.
+    snapshot: Any = None
 
     def __repr__(self) -> str:
         head = self.key[:4].tolist()

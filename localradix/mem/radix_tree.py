@@ -97,7 +97,8 @@ class RadixTree:
         parent = child.parent
         assert parent is not None
         upper = replace(child, id=next(self._ids), key=child.key[:n], value=child.value[:n])
-        upper.children, upper.direct_locks = {}, 0
+        # A snapshot is the state at the end of a node's key: it stays with the lower half.
+        upper.children, upper.direct_locks, upper.snapshot = {}, 0, None
         parent.children[self.child_key(parent, child.key, child.extra_key)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         upper.children[self.child_key(upper, child.key, child.extra_key)] = child

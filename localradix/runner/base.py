@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,6 +31,31 @@ class LaunchedStep(Protocol):
 
     def result(self) -> SampleOutput:
         """The sampled tokens (waits for this step, not for later ones)."""
+        ...
+
+
+class StateSnapshots(Protocol):
+    """A runner's saved model states, for models whose state at a position is more than the KV
+    of the tokens before it (recurrent layers). The radix cache holds the handles (opaque to
+    it: `SnapshotStore`); the runner holds what they name."""
+
+    budget: int  # bytes of snapshots worth keeping
+
+    def save(self, row: int) -> tuple[Any, int]:
+        """(handle, bytes) of the state of request row `row` after every launched step."""
+        ...
+
+    def restore(self, row: int, handle: Any | None) -> None:
+        """Row `row`'s next step starts from `handle`'s state (None: from no tokens at all)."""
+        ...
+
+    def release(self, handle: Any) -> None:
+        """Forget a handle `save` gave out."""
+        ...
+
+    @property
+    def live(self) -> int:
+        """Handles given out and not released (the idle check compares it with the tree's)."""
         ...
 
 
@@ -69,6 +94,9 @@ class ModelRunner(ABC):
     # the runner cannot tell. Shown apart from the KV pool's bytes (ModelInfo, TUI, doctor).
     weight_bytes: int | None = None
     kv_budget: KVBudget | None = None  # how the KV pool was sized (None: not by plan_kv_budget)
+    # Set for models with recurrent layers: a request resumes only where a snapshot of the
+    # state was taken, so the scheduler takes them at branch points and when requests leave.
+    snapshots: StateSnapshots | None = None
 
     @property
     def kv_bytes(self) -> int | None:

@@ -43,6 +43,9 @@ class Req:
     kv_len: int = 0  # tokens whose KV is computed
     extend_len: int = 0  # tokens scheduled in the current extend step
     prefix_match: Any = None  # MatchResult of the latest match (for scheduling and TUI)
+    # Models with recurrent layers: how far the tree matched the prompt at the latest match
+    # (past the snapshot it resumes from); its prefill stops there first to take a snapshot.
+    branch_at: int = 0
     grammar_future: Any = None  # Future of the compiled constraint, while it compiles
     grammar: Any = None  # GrammarState once compiled
     # Overlap scheduling: tokens sampled by launched steps that the host has not read yet, the

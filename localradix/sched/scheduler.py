@@ -33,6 +33,7 @@ from localradix.constrained.backend import GrammarBackend
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import RadixCache
+from localradix.mem.snapshot_store import SnapshotStore
 from localradix.messages import EngineStats, GenerateRequest, RequestOutput
 from localradix.runner.base import ModelRunner
 from localradix.sched.admission import PrefillAdmission
@@ -77,6 +78,7 @@ class Scheduler:
             page_size=page,
             eviction_policy=args.eviction_policy,
             disable=args.disable_radix_cache,
+            snapshots=self._snapshot_store(runner),
         )
         runner.bind_kv(self.pool, self.cache.evict)
         self.cached_budget = (
@@ -87,7 +89,7 @@ class Scheduler:
             args.mixed_prefill == "auto" and runner.mixes_decode_into_prefill
         )
         self.queues = RequestQueues()
-        self.slots = SlotHandoff(self.pool, self.req_pool, self.cache, clock)
+        self.slots = SlotHandoff(self.pool, self.req_pool, self.cache, clock, runner.snapshots)
         self.stop_checker = StopChecker(eos_token_ids, context_len, decode)
         self.counters = SchedulerStats(self.queues, self.slots, decode, args.decode_log_interval)
         self.intake = Intake(
@@ -115,6 +117,11 @@ class Scheduler:
         )
         self.pins = PinKeeper(self.cache, self.queues, self.cached_budget, clock)
         self.in_flight: InFlight | None = None
+
+    @staticmethod
+    def _snapshot_store(runner: ModelRunner) -> SnapshotStore | None:
+        states = runner.snapshots
+        return None if states is None else SnapshotStore(states.budget, states.release)
 
     @staticmethod
     def _speculates(args: ServerArgs, runner: ModelRunner) -> bool:
@@ -189,6 +196,11 @@ class Scheduler:
         owned = [self.slots.owned(r) for r in self.queues.holders()]
         check_invariants(self.pool, self.cache, idle=idle, owned=owned)
         self.runner.check_kv(self.pool)
+        states, store = self.runner.snapshots, self.cache.snapshots
+        if states is not None and store is not None and states.live != store.count:
+            raise AssertionError(
+                f"the runner holds {states.live} snapshots, the tree {store.count}"
+            )
 
     @property
     def retractions(self) -> int:

@@ -5,6 +5,11 @@ to the tree (kept alive by the lock on `last_node`), `[cached_len:kv_len]` and t
 rest of its open page belong to the request. This room moves slots across that line: claim a
 cached prefix at admission, reserve new slots, hand computed KV to the tree, release a
 leaving request.
+
+For models with recurrent layers (`ModelRunner.snapshots`), KV slots alone cannot resume a
+request inside a cached path: it resumes from the deepest node holding a state snapshot, and
+this room takes snapshots where later requests will want them: where a request's cached path
+branches off (its prefill stops there first: `branch_cap`) and where a request leaves.
 """
 
 from __future__ import annotations
@@ -12,15 +17,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
 from localradix.mem.radix_cache import MatchResult, RadixCache
-from localradix.mem.radix_node import EMPTY
+from localradix.mem.radix_node import EMPTY, TreeNode
 from localradix.sched.cache_budget import cold_from
 from localradix.sched.request import Req
 from localradix.spec.draft_kv import rejected_slots
+
+if TYPE_CHECKING:
+    from localradix.runner.base import StateSnapshots
 
 
 @dataclass(eq=False)
@@ -29,6 +38,11 @@ class SlotHandoff:
     req_pool: ReqToTokenPool
     cache: RadixCache
     clock: Callable[[], float] = time.monotonic  # when one-off prefixes turn cold
+    states: StateSnapshots | None = None  # the runner's, for models with recurrent layers
+
+    def __post_init__(self) -> None:
+        if self.states is not None and self.page != 1:
+            raise ValueError("state snapshots need --page-size 1 (a node may end anywhere)")
 
     @property
     def page(self) -> int:
@@ -48,7 +62,20 @@ class SlotHandoff:
         if req.embed is not None and req.embed.pooling == "mean":
             req.prefix_match = MatchResult(EMPTY, self.cache.root, 0, None)
             return
-        req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+        if self.states is None:
+            req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+            return
+        # The last token is always computed (its logits), so no snapshot is needed past it.
+        match = self.cache.match_prefix(req.all_ids[:-1], extra_key=req.extra_key)
+        req.branch_at = match.matched_len
+        req.prefix_match = self.cache.resume_point(match)
+
+    def branch_cap(self, req: Req, start: int, extend: int) -> int:
+        """`extend` tokens from `start`, cut to stop at the request's branch point when one
+        lies ahead: the snapshot taken there lets the next request on that prefix resume."""
+        if self.states is None or not start < req.branch_at < start + extend:
+            return extend
+        return req.branch_at - start
 
     def owned(self, req: Req) -> np.ndarray:
         """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
@@ -71,7 +98,16 @@ class SlotHandoff:
             return False
         req.last_node, req.cached_len = match.last_node, cached
         self.req_pool.table[row, :cached] = match.indices[:cached]
+        if self.states is not None:
+            self._resume(req, match, cached)
         return True
+
+    def _resume(self, req: Req, match: MatchResult, cached: int) -> None:
+        assert self.states is not None and self.cache.snapshots is not None and req.row is not None
+        node = match.last_node if cached else self.cache.root
+        assert node is self.cache.root or cached == match.matched_len, "resume off a snapshot"
+        self.states.restore(req.row, node.snapshot)
+        self.cache.snapshots.hits += node.snapshot is not None
 
     def reserve(self, req: Req, n: int) -> bool:
         """Map positions [kv_len, kv_len + n) to slots: the rest of the request's open page,
@@ -140,6 +176,8 @@ class SlotHandoff:
         self.cache.lock(match.last_node)
         self.cache.unlock(req.last_node)
         req.last_node, req.cached_len = match.last_node, match.matched_len
+        if req.kv_len == req.branch_at == match.matched_len:
+            self._snapshot(req, match.last_node)
 
     def release(self, req: Req) -> None:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
@@ -156,7 +194,27 @@ class SlotHandoff:
             )
             self.pool.free(slots[req.cached_len : already])
             self.pool.free(slots[whole:])  # the open page, reserved tail included
+            self._snapshot_end(req, whole)
             self.cache.unlock(req.last_node)
         self.req_pool.free(req.row)
         req.row, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
         req.spec_len = 0
+
+    def _snapshot_end(self, req: Req, length: int) -> None:
+        """Snapshot a leaving request's state at the end of its cached path (a chat's next
+        turn resumes there)."""
+        if self.states is None or length == 0 or length != req.kv_len:
+            return
+        match = self.cache.match_prefix(req.all_ids[:length], req.extra_key, count_hit=False)
+        if match.matched_len == length:
+            self._snapshot(req, match.last_node)
+
+    def _snapshot(self, req: Req, node: TreeNode) -> None:
+        """Attach the state of `req`'s row (at the end of `node`) to `node`, unless it has one."""
+        if self.states is None or self.cache.snapshots is None or node.snapshot is not None:
+            return
+        if node is self.cache.root:
+            return
+        assert req.row is not None
+        handle, nbytes = self.states.save(req.row)
+        self.cache.snapshots.attach(node, handle, nbytes)

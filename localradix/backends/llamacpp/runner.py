@@ -5,6 +5,11 @@ scheduler, radix cache and sampler decide what runs, what is cached and which to
 next, as on every other backend. One context with the unified KV cache holds every request:
 a cached prefix is shared by tagging its cells with the request's sequence id (`SeqMap`), and
 one `llama_decode` runs each step's mixed batch of prefill chunks and decodes.
+
+Any architecture llama.cpp loads runs here: the runner reads what the scheduler needs from
+llama.cpp itself. Models with recurrent layers (hybrid or pure) also keep snapshots of their
+recurrent state at radix nodes (`LlamaStates`); sliding-window models keep every cell
+(`swa_full`), so any cached prefix stays reusable.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from localradix.backends.llamacpp import SPEC
 from localradix.backends.llamacpp.batch import LlamaBatch
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
+from localradix.backends.llamacpp.states import LlamaStates
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVBudget, plan_kv_budget
@@ -51,6 +57,10 @@ UBATCH = 512  # llama.cpp's default physical batch
 # cache, per head and layer. Measured on SmolLM2-135M with 2 threads: ~8k idle cells made an
 # 8-request decode step ~1.6x slower, so its budget is ~4k cells; an 8B model's is ~64k.
 IDLE_CELLS_PER_WORK = 1 / 244
+# Bytes of recurrent-state snapshots kept, per byte of the KV pool: a snapshot saves a whole
+# prefill of its path, so they may take a fair share of what the cells take.
+SNAPSHOT_SHARE = 0.25
+MIN_SNAPSHOT_BYTES = 64 * 2**20
 
 
 def create_llamacpp_runner(
@@ -86,11 +96,17 @@ class LlamaCppRunner(ModelRunner):
         self.llama, self._sample = llama, sample
         llama.llama_backend_init()
         self.model = _load_model(llama, path, gpu=target.device != "cpu")
+        self.recurrent = bool(
+            llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model)
+        )
+        self.verifies = not self.recurrent  # a recurrent state cannot take back rejected drafts
         self.config = _config(llama, self.model)
         self.weight_bytes = int(llama.llama_model_size(self.model))  # tensor data, as stored
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
+        if self.recurrent:  # llama.cpp allocates a recurrent state per sequence id
+            self.n_seq = min(self.n_seq, 2 * rows)
         if 2 * rows > self.n_seq:
             raise ValueError(
                 f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
@@ -110,6 +126,12 @@ class LlamaCppRunner(ModelRunner):
         self._logits = np.zeros((self.max_outputs, self.n_vocab), dtype=np.float32)
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
+        self.states: LlamaStates | None = None
+        if self.recurrent:
+            budget = max(MIN_SNAPSHOT_BYTES, round(self.kv_budget.bytes * SNAPSHOT_SHARE))
+            self.states = LlamaStates(llama, self.ctx, self._row_of_seq, budget)
+            self.states.bind(self.seqs.seq_of_row.get)
+            self.snapshots = self.states
         logger.info(
             "llama.cpp: %s, %d threads, %d sequence ids; keeps at most %d idle cached tokens "
             "(--max-cached-tokens)",
@@ -150,9 +172,18 @@ class LlamaCppRunner(ModelRunner):
         for seq in range(self.n_seq):
             held = np.flatnonzero(self.seqs.paths[seq] >= 0)
             lo, hi = (int(held[0]), int(held[-1])) if held.size else (-1, -1)
-            got = (self._pos_min(seq), self._pos_max(seq))
-            if got != (lo, hi):
-                raise AssertionError(f"sequence {seq}: llama.cpp holds {got}, the map ({lo}, {hi})")
+            got: tuple[int, ...]
+            want: tuple[int, ...]
+            if self.states is None:
+                got, want = (self._pos_min(seq), self._pos_max(seq)), (lo, hi)
+            elif self.seqs.row_of[seq] >= 0 and held.size:
+                # llama.cpp reports the span that cells and state share: a row's sequence
+                # holds its state exactly at its last cell. Ghosts' states are moot.
+                got, want = (self._pos_max(seq),), (hi,)
+            else:
+                continue
+            if got != want:
+                raise AssertionError(f"sequence {seq}: llama.cpp holds {got}, the map {want}")
 
     def close(self) -> None:
         """Free llama.cpp's context and model (the KV cache and weights' buffers)."""
@@ -169,11 +200,25 @@ class LlamaCppRunner(ModelRunner):
     # ---- SeqMemory (what SeqMap calls) -----------------------------------------------------
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if self.states is None or p0 < 0 and p1 < 0:  # a whole sequence goes, state and all
+            self._seq_rm(seq, p0, p1)
+            return
+        with self.states.kept(seq):
+            self._seq_rm(seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        if self.states is None:
+            self.llama.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+            return
+        with self.states.kept(dst):
+            self.llama.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not self.llama.llama_memory_seq_rm(self.memory, seq, p0, p1):
             raise RuntimeError(f"llama.cpp refused to drop positions [{p0}, {p1}) of {seq}")
 
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        self.llama.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+    def _row_of_seq(self, seq: int) -> int:
+        return int(self.seqs.row_of[seq])
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -184,7 +229,10 @@ class LlamaCppRunner(ModelRunner):
         prefixes = batch.prefix_lens
         for i in range(batch.num_reqs):
             table = batch.kv_indices[batch.kv_indptr[i] : batch.kv_indptr[i + 1]]
-            seqs[i] = self.seqs.sequence_for(int(batch.req_rows[i]), table, int(prefixes[i]))
+            row = int(batch.req_rows[i])
+            seqs[i] = self.seqs.sequence_for(row, table, int(prefixes[i]))
+            if self.states is not None:
+                self.states.apply_pending(row, int(seqs[i]))
         return seqs
 
     def _logit_rows(self, outputs: np.ndarray) -> Any:
@@ -213,7 +261,7 @@ class LlamaCppRunner(ModelRunner):
         IDLE_CELLS_PER_WORK): more would slow every request more than reuse can repay."""
         c = self.config
         work = 2 * int(self.llama.llama_model_n_params(self.model))
-        cells = work / (c.num_attention_heads * c.num_hidden_layers) * IDLE_CELLS_PER_WORK
+        cells = work / max(c.num_attention_heads * c.num_hidden_layers, 1) * IDLE_CELLS_PER_WORK
         return min(self.kv_capacity, max(1024, round(cells)))
 
     def _context_params(self, args: ServerArgs, target: Target, max_batch: int) -> Any:
@@ -238,11 +286,6 @@ def _load_model(llama: Any, path: Path, gpu: bool) -> Any:
     model = llama.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise ValueError(f"llama.cpp could not load {path} (see the log above)")
-    if llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model):
-        raise ValueError(
-            f"{path.name} is a recurrent or hybrid model: its state cannot be shared by "
-            "prefix, which the llamacpp backend needs"
-        )
     return model
 
 
@@ -273,7 +316,8 @@ def _config(llama: Any, model: Any) -> ModelConfig:
         intermediate_size=0,
         num_hidden_layers=int(llama.llama_model_n_layer(model)),
         num_attention_heads=heads,
-        num_key_value_heads=int(llama.llama_model_n_head_kv(model)),
+        # Pure recurrent models have no KV heads: one stands in, so sizing never divides by 0.
+        num_key_value_heads=max(int(llama.llama_model_n_head_kv(model)), 1),
         head_dim=int(head_dim) if head_dim else hidden // max(heads, 1),
         max_position_embeddings=int(llama.llama_model_n_ctx_train(model)),
         bos_token_id=None if bos < 0 else bos,

@@ -1,0 +1,104 @@
+"""LlamaStates: snapshots of the recurrent state of llama.cpp's hybrid and recurrent models.
+
+Qwen3.5/3.6, Granite 4 hybrids, LFM2, Mamba, RWKV: beside (or instead of) attention cells,
+each sequence carries one recurrent state that has folded in every token so far. llama.cpp
+cannot cut it back to a prefix: a partial `seq_rm` fails, and `seq_cp` replaces the
+destination's state with the source's. What it can do is save and load one sequence's state
+(`llama_state_seq_*_ext` with PARTIAL_ONLY: the recurrent part alone, not the attention cells,
+which the unified cache shares by tagging as for any model). So:
+- a snapshot is the PARTIAL_ONLY blob of a request's sequence, taken when the scheduler asks
+  (`save`), and handed to the radix cache as an int handle;
+- a request resuming on a cached path gets its blob loaded into its sequence right before its
+  first step (`restore`), after its attention cells were tagged in;
+- every edit of a sequence's attention cells runs inside `kept(seq)`: the state is set aside
+  (loading an empty blob detaches it, so llama.cpp lets the cells go), then put back, so
+  cache bookkeeping never changes what a running request computes.
+Loading a state costs a copy of it (kilobytes for tiny models, a few MB for real ones), paid
+per cache event, never per token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+Blob = Any  # a ctypes c_uint8 array holding one sequence's PARTIAL_ONLY state
+
+
+class LlamaStates:
+    def __init__(self, llama: Any, ctx: Any, row_of_seq: Callable[[int], int], budget: int):
+        self.llama, self.ctx = llama, ctx
+        self.flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        self.budget = budget
+        self._row_of_seq = row_of_seq  # -1 for a sequence no request row holds
+        self._seq_of_row: Callable[[int], int | None] = lambda row: None
+        self._blobs: dict[int, Blob] = {}
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Blob | None] = {}  # row -> state its next step starts from
+        self.empty = self._read(0)  # no sequence has run yet: the state of no tokens
+
+    def bind(self, seq_of_row: Callable[[int], int | None]) -> None:
+        """How to find a row's sequence (SeqMap's `seq_of_row.get`), once the map exists."""
+        self._seq_of_row = seq_of_row
+
+    # ---- StateSnapshots --------------------------------------------------------------------
+
+    def save(self, row: int) -> tuple[int, int]:
+        seq = self._seq_of_row(row)
+        if seq is None:
+            raise RuntimeError(f"request row {row} has no llama.cpp sequence to snapshot")
+        blob = self._read(seq)
+        handle = next(self._ids)
+        self._blobs[handle] = blob
+        return handle, len(blob)
+
+    def restore(self, row: int, handle: int | None) -> None:
+        # The blob itself, not the handle: the cache may drop the handle before the step runs.
+        self._pending[row] = None if handle is None else self._blobs[handle]
+
+    def release(self, handle: int) -> None:
+        del self._blobs[handle]
+
+    @property
+    def live(self) -> int:
+        return len(self._blobs)
+
+    # ---- what the runner calls --------------------------------------------------------------
+
+    def apply_pending(self, row: int, seq: int) -> None:
+        """Load the state a newly placed request resumes from into its sequence."""
+        if row in self._pending:
+            blob = self._pending.pop(row)
+            self._write(seq, self.empty if blob is None else blob)
+
+    @contextmanager
+    def kept(self, seq: int) -> Iterator[None]:
+        """Edit `seq`'s attention cells without changing its recurrent state (see above)."""
+        row = self._row_of_seq(seq)
+        live = row >= 0 and row not in self._pending  # a ghost's or a to-be-restored state: moot
+        saved = self._read(seq) if live else None
+        self._write(seq, self.empty)
+        try:
+            yield
+        finally:
+            self._write(seq, self.empty if saved is None else saved)
+
+    # ---- llama.cpp ---------------------------------------------------------------------------
+
+    def _read(self, seq: int) -> Blob:
+        size = int(self.llama.llama_state_seq_get_size_ext(self.ctx, seq, self.flags))
+        blob = (ctypes.c_uint8 * size)()
+        got = int(self.llama.llama_state_seq_get_data_ext(self.ctx, blob, size, seq, self.flags))
+        if got != size:
+            raise RuntimeError(f"llama.cpp wrote {got} of {size} state bytes of sequence {seq}")
+        return blob
+
+    def _write(self, seq: int, blob: Blob) -> None:
+        read = int(
+            self.llama.llama_state_seq_set_data_ext(self.ctx, blob, len(blob), seq, self.flags)
+        )
+        if read == 0:
+            raise RuntimeError(f"llama.cpp could not load a saved state into sequence {seq}")
