@@ -66,7 +66,8 @@ def test_an_unsupported_architecture_is_one_line_and_exit_1(tmp_path):
     assert "Traceback" not in out and 'File "' not in out, out
     last = out.strip().splitlines()[-1]
     assert last.startswith("localradix: error:"), out
-    assert "'Gemma2ForCausalLM' is not supported; supported: LlamaForCausalLM" in last
+    assert "does not implement 'Gemma2ForCausalLM' (it runs LlamaForCausalLM" in last
+    assert "--backend llamacpp" in last
     assert len(out.strip().splitlines()) <= 10, out
 
     debug = serve(model, "--log-level", "debug")  # the traceback is still there when asked for

@@ -45,7 +45,10 @@ def architecture_of(meta: dict[str, Any]) -> tuple[str, str, bool]:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         known = ", ".join(sorted(GGUF_ARCHITECTURES))
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {known}")
+        raise ValueError(
+            f"the torch backend does not implement GGUF architecture {arch!r} (it runs {known}): "
+            "serve it with --backend llamacpp"
+        )
     return GGUF_ARCHITECTURES[arch]
 
 
@@ -53,6 +56,12 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     """An HF config.json dict equivalent to the GGUF metadata."""
     arch = meta["general.architecture"]
     model_type, hf_arch, _ = architecture_of(meta)
+    experts = sorted(n for n in tensor_names if "_exps." in n)
+    if experts:  # Mixtral converts to arch `llama`, with its experts stacked in `*_exps`
+        raise ValueError(
+            f"the torch backend does not implement mixture-of-experts GGUFs ({experts[0]}): "
+            "serve it with --backend llamacpp"
+        )
 
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
@@ -82,7 +91,10 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
     elif scaling not in (None, "none"):
-        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
+        raise ValueError(
+            f"the torch backend does not implement GGUF rope scaling {scaling!r}: "
+            "serve it with --backend llamacpp"
+        )
     return config
 
 

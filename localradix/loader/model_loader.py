@@ -27,13 +27,14 @@ logger = logging.getLogger("localradix.loader")
 
 
 def load_model_config(source: ModelSource | str | None) -> ModelConfig:
-    """The model's config only (for GGUF: from the cached metadata, no weight conversion)."""
+    """The model's config only (for GGUF: from its metadata, any architecture; no weights)."""
     source = _as_source(source)
     if source.kind == "hf":
         return ModelConfig.from_hf_dict(read_config(source.path))
-    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+    from localradix.loader.gguf_config import gguf_model_config
+    from localradix.loader.gguf_file import read_gguf
 
-    return ModelConfig.from_hf_dict(read_config(ensure_gguf_tokenizer(source.path)))
+    return gguf_model_config(read_gguf(source.path, tensors=False).metadata)
 
 
 def load_model(

@@ -63,6 +63,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None  # recorded, not applied (full attention everywhere)
     torch_dtype: str | None = None  # dtype the checkpoint was saved in
+    kv_layers: int | None = None  # layers that keep KV, if not all (hybrids' recurrent ones don't)
 
     @property
     def q_size(self) -> int:

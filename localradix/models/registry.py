@@ -29,7 +29,9 @@ def get_model_class(architecture: str) -> Any:
     if architecture not in MODEL_REGISTRY:
         known = ", ".join(sorted(MODEL_REGISTRY))
         raise UnknownName(
-            f"model architecture {architecture!r} is not supported; supported: {known}"
+            f"the torch backend does not implement {architecture!r} (it runs {known}): convert "
+            "the model to GGUF (llama.cpp's convert_hf_to_gguf.py) and serve it with "
+            "--backend llamacpp"
         )
     return MODEL_REGISTRY.load(architecture)
 

@@ -29,7 +29,8 @@ class KVLayout:
     def for_model(cls, config: Any, dtype: str, slots: int = 0, page_size: int = 1) -> KVLayout:
         """The layout of a `ModelConfig`'s cache (anything with the fields used)."""
         c = config
-        return cls(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype, slots, page_size)
+        layers = getattr(c, "kv_layers", None) or c.num_hidden_layers
+        return cls(layers, c.num_key_value_heads, c.head_dim, dtype, slots, page_size)
 
     def with_slots(self, slots: int) -> KVLayout:
         return dataclasses.replace(self, slots=slots)

@@ -100,7 +100,7 @@ class LlamaCppRunner(ModelRunner):
             llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model)
         )
         self.verifies = not self.recurrent  # a recurrent state cannot take back rejected drafts
-        self.config = _config(llama, self.model)
+        self.config = _config(llama, self.model, path)
         self.weight_bytes = int(llama.llama_model_size(self.model))  # tensor data, as stored
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
@@ -299,8 +299,13 @@ def _new_context(llama: Any, model: Any, params: Any) -> Any:
     return ctx
 
 
-def _config(llama: Any, model: Any) -> ModelConfig:
-    """What the engine needs to know of the model, from llama.cpp (any architecture)."""
+def _config(llama: Any, model: Any, path: Path) -> ModelConfig:
+    """What the engine needs to know of the model, from llama.cpp (any architecture); which
+    layers keep KV (not a hybrid's recurrent ones) from the file's metadata."""
+    from localradix.loader.gguf_config import gguf_model_config
+    from localradix.loader.gguf_file import read_gguf
+
+    kv_layers = gguf_model_config(read_gguf(path, tensors=False).metadata).kv_layers
     vocab = llama.llama_model_get_vocab(model)
     arch = _meta(llama, model, "general.architecture") or "unknown"
     heads = int(llama.llama_model_n_head(model))
@@ -322,6 +327,7 @@ def _config(llama: Any, model: Any) -> ModelConfig:
         max_position_embeddings=int(llama.llama_model_n_ctx_train(model)),
         bos_token_id=None if bos < 0 else bos,
         eos_token_ids=tuple(sorted(eos)),
+        kv_layers=kv_layers,
     )
 
 
