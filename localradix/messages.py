@@ -116,6 +116,11 @@ class EngineStats:
     top_prefixes: tuple[dict, ...] = field(default=())  # largest cached prefixes
     recent_misses: tuple[dict, ...] = field(default=())  # where recent prompts diverged
     kv_pinned: int = 0  # of kv_used: cached tokens pinned by cache_control (even when idle)
+    # Models with recurrent layers: state snapshots kept at radix nodes, their bytes, and the
+    # requests that resumed from one (sched/slot_handoff.py).
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    snapshot_hits: int = 0
 
 
 @dataclass(frozen=True)

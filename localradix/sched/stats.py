@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from localradix.mem.radix_cache import MatchResult
+from localradix.mem.snapshot_store import SnapshotStore
 from localradix.messages import EngineStats
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req
@@ -133,6 +134,7 @@ class SchedulerStats:
             top_prefixes=self._top_prefixes(now),
             recent_misses=tuple(self.recent_misses),
             kv_pinned=cache.pinned_size,
+            **_snapshot_stats(cache.snapshots),
         )
 
     def _top_prefixes(self, now: float) -> tuple[dict, ...]:
@@ -184,3 +186,9 @@ def _req_row(req: Req, now: float) -> dict:
         "age_s": now - req.arrival_time,
         "retractions": req.retractions,
     }
+
+
+def _snapshot_stats(store: SnapshotStore | None) -> dict[str, int]:
+    if store is None:
+        return {}
+    return {"snapshots": store.count, "snapshot_bytes": store.bytes, "snapshot_hits": store.hits}

@@ -99,6 +99,7 @@ class ServerMetrics:
         )
         lines += _metric("counter", "retractions_total", "Requests retracted.", s.retractions)
         lines += self._speculation_lines(s)
+        lines += self._snapshot_lines(s)
         lines += self._labelled(
             "requests_total", "Finished requests.", "finish_reason", self.requests
         )
@@ -129,6 +130,22 @@ class ServerMetrics:
                 "spec_acceptance_rate",
                 "Accepted share of the draft tokens.",
                 accepted / drafted if drafted else 0.0,
+            ),
+        ]
+
+    @staticmethod
+    def _snapshot_lines(s: EngineStats) -> list[str]:
+        """Models with recurrent layers: state snapshots at radix nodes (resume points)."""
+        return [
+            *_metric("gauge", "state_snapshots", "State snapshots kept.", s.snapshots),
+            *_metric(
+                "gauge", "state_snapshot_bytes", "Bytes of state snapshots.", s.snapshot_bytes
+            ),
+            *_metric(
+                "counter",
+                "state_snapshot_hits_total",
+                "Requests resumed from a state snapshot.",
+                s.snapshot_hits,
             ),
         ]
 

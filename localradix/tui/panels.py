@@ -111,6 +111,9 @@ class KvPanel(Panel):
         total = s.get("kv_total")
         pinned = s.get("kv_pinned")  # part of "used": prefixes kept by cache_control
         held = f" · {fmt.count(pinned)} pinned" if pinned else ""
+        snaps = s.get("snapshots")  # recurrent models: state snapshots at cached prefixes
+        if snaps:
+            held += f" · {fmt.count(snaps)} snapshots ({fmt.count(s.get('snapshot_hits'))} hits)"
         self.border_title = f"KV memory · {fmt.count(total)}{held}"
         cells = bar_cells([used, cached, free], width)
         bar = "".join(

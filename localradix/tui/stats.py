@@ -29,6 +29,9 @@ ENGINE_NUMBERS = (
     "spec_draft_tokens",
     "spec_accepted_tokens",
     "kv_pinned",
+    "snapshots",
+    "snapshot_bytes",
+    "snapshot_hits",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
 )
