@@ -68,11 +68,18 @@ class LlamaStates:
 
     # ---- what the runner calls --------------------------------------------------------------
 
-    def apply_pending(self, row: int, seq: int) -> None:
-        """Load the state a newly placed request resumes from into its sequence."""
-        if row in self._pending:
-            blob = self._pending.pop(row)
-            self._write(seq, self.empty if blob is None else blob)
+    def apply_pending(self, row: int, seq: int, prefix_len: int) -> None:
+        """Load the state a newly placed request resumes from into its sequence, which must
+        then hold exactly `prefix_len` tokens (cells and state alike)."""
+        if row not in self._pending:
+            return
+        blob = self._pending.pop(row)
+        self._write(seq, self.empty if blob is None else blob)
+        held = int(self.llama.llama_memory_seq_pos_max(self.llama.llama_get_memory(self.ctx), seq))
+        if held != prefix_len - 1:
+            raise RuntimeError(
+                f"sequence {seq} resumes after {held + 1} tokens, its request after {prefix_len}"
+            )
 
     @contextmanager
     def kept(self, seq: int) -> Iterator[None]:
