@@ -96,8 +96,7 @@ def read_message(read: Callable[[str], str]) -> str | None:
 async def _stream_reply(
     engine: Any, messages: list[dict[str, Any]], params: Any
 ) -> tuple[str, int, int]:
-    prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = engine.chat_ids(messages)
     parts: list[str] = []
     cached = 0
     async for chunk in engine.stream(ids, params):

@@ -121,7 +121,8 @@ class Engine:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[GenerateResult]:
-        """Generate for one or many prompts; blocks until all are done. n > 1 adds forks."""
+        """Generate for one or many prompts; blocks until all are done. n > 1 adds forks. A
+        text prompt gets BOS where the tokenizer's rule adds one (as /v1/completions does)."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
         return [_result(c) for t in self._run(prompt_list, param_list) for c in t.choices]
@@ -200,9 +201,13 @@ class Engine:
     def chat(
         self, messages: list[dict[str, Any]], params: SamplingParams | None = None
     ) -> GenerateResult:
+        return self.generate([self.chat_ids(messages)], params)[0]
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt a chat sends, as the server's chat route builds it: the messages through
+        the chat template, then BOS by the tokenizer's rule (never a second one)."""
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate([ids], params)[0]
+        return list(self.tokenizer.encode_prompt(prompt))
 
     def abort(self, rid: str) -> None:
         self._send([AbortRequest(rid)])
@@ -249,7 +254,8 @@ class Engine:
         requests. A prompt the engine cannot take gets none: its choices end at once, with the
         server's wording."""
         self._check_alive()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        # Text gets BOS by the tokenizer's rule, as over HTTP; token ids are sent as given.
+        ids = self.tokenizer.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
         ids = [int(t) for t in ids]
         rid = f"engine-{next(self._ids)}"
         tracker = RequestTracker(rid, [ids], params, self.tokenizer, embed)

@@ -58,8 +58,9 @@ async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
         fim,
         await encode(manager, body.input_prefix),
         await encode(manager, body.input_suffix),
-        context=repo_context(fim, manager.tokenizer.encode, files),
+        context=repo_context(fim, lambda text: manager.tokenizer.encode(text, False), files),
         after_middle=await encode(manager, body.prompt) if body.prompt else [],
+        lead=manager.prompt_lead,
     )
     fields = {
         "prompt": ids,

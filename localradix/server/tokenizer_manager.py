@@ -11,6 +11,7 @@ disconnect, cancellation, error) aborts its remaining choices, which frees their
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -32,6 +33,7 @@ from localradix.server.metrics import ServerMetrics
 __all__ = ["Choice", "Delta", "Job", "TokenizerManager"]
 
 logger = logging.getLogger("localradix.server")
+LEAD_PROBE = "a"  # any text that is no special token
 
 
 class Job:
@@ -176,6 +178,17 @@ class TokenizerManager:
         template = getattr(tokenizer, "chat_template", None)
         self.tool_parser = tool_parser_for(args.tool_call_parser, template)
         self.reasoning_parser = reasoning_parser_for(args.reasoning_parser, template)
+
+    @functools.cached_property
+    def prompt_lead(self) -> list[int]:
+        """The ids the tokenizer's rule puts before a prompt's text (its BOS, or none), for
+        prompts built from ids (FIM): the tokens of a probe's encode_prompt before its text."""
+        body = list(self.tokenizer.encode(LEAD_PROBE, False))
+        ids = list(self.tokenizer.encode_prompt(LEAD_PROBE))
+        for start in range(len(ids) - len(body) + 1):
+            if ids[start : start + len(body)] == body:
+                return ids[:start]
+        return []
 
     @property
     def limits(self) -> RequestLimits:

@@ -33,6 +33,12 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)  # no BOS: the rule adds none
+
+    def piece_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else b"<eos>"
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out, buf = [], bytearray()
         for i in ids:

@@ -18,7 +18,7 @@ from msgspec.structs import replace
 from localradix.messages import CachePin
 from localradix.server.anthropic.protocol import Block, Message, MessagesRequest
 from localradix.server.anthropic.request import chat_request
-from localradix.server.core.jobs import chat_text, encode
+from localradix.server.core.jobs import chat_text, encode_prompt
 from localradix.server.errors import APIError, bad_request
 from localradix.server.tokenizer_manager import TokenizerManager
 
@@ -94,7 +94,7 @@ async def cache_pins(
         text = _cut_text(manager, mark.cut)
         if text is None:
             continue
-        n = _common_len(await encode(manager, text), ids)
+        n = _common_len(await encode_prompt(manager, text), ids)
         if n > 0:
             pins.append(CachePin(n, mark.ttl_s))
     return tuple(pins)

@@ -24,7 +24,7 @@ from localradix.server.anthropic.stream import message_events
 from localradix.server.core.body import decode
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import error_handler, json_response, state
-from localradix.server.core.jobs import chat_job, chat_text, encode
+from localradix.server.core.jobs import chat_job, chat_text, encode_prompt
 from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
 
@@ -47,7 +47,7 @@ async def _pins(
     marks = breakpoints(body)
     if not marks:
         return ()
-    return await cache_pins(manager, marks, await encode(manager, chat_text(manager, req)))
+    return await cache_pins(manager, marks, await encode_prompt(manager, chat_text(manager, req)))
 
 
 def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict[str, Any]:
@@ -61,7 +61,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", CountTokensRequest, RENAMES)
     manager = await state(request).manager_for(request, body.model)
     # The very prompt a message would send (not checked against the context: it is counted).
-    ids = await encode(manager, chat_text(manager, chat_request(manager, body)))
+    ids = await encode_prompt(manager, chat_text(manager, chat_request(manager, body)))
     return json_response({"input_tokens": len(ids)})
 
 

@@ -66,10 +66,13 @@ def fim_prompt(
     suffix: Sequence[int],
     context: Sequence[int] = (),
     after_middle: Sequence[int] = (),
+    lead: Sequence[int] = (),
 ) -> list[int]:
-    """context PRE prefix SUF suffix MID after_middle (llama.cpp's /infill puts its `prompt`
-    after MID, and the other files' context first)."""
-    return [*context, fim.prefix, *prefix, fim.suffix, *suffix, fim.middle, *after_middle]
+    """lead context PRE prefix SUF suffix MID after_middle (llama.cpp's /infill puts its
+    `prompt` after MID, and the other files' context first); `lead`: the BOS the model's
+    tokenizer puts before every prompt (TokenizerManager.prompt_lead), first of all."""
+    middle = [fim.prefix, *prefix, fim.suffix, *suffix, fim.middle, *after_middle]
+    return [*lead, *context, *middle]
 
 
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama.cpp's chunk separator without repo-level tokens

@@ -60,9 +60,20 @@ def served_model(manager: TokenizerManager, model: str | None, latest_ok: bool =
 
 
 async def encode(manager: TokenizerManager, text: str) -> list[int]:
+    """A piece of a prompt (a FIM part, a file): its ids alone, no special tokens added."""
+    return await _tokenized(manager.tokenizer.encode, text, False)
+
+
+async def encode_prompt(manager: TokenizerManager, text: str) -> list[int]:
+    """A whole prompt: BOS (and EOS) where the model's tokenizer adds them, never a second BOS
+    after a chat template's own; every route's usage.prompt_tokens counts these ids."""
+    return await _tokenized(manager.tokenizer.encode_prompt, text)
+
+
+async def _tokenized(tokenize: Callable[..., Sequence[int]], text: str, *args: Any) -> list[int]:
     if len(text) > LONG_TEXT_CHARS:
-        return await asyncio.to_thread(manager.tokenizer.encode, text, False)
-    return list(manager.tokenizer.encode(text, False))
+        return list(await asyncio.to_thread(tokenize, text, *args))
+    return list(tokenize(text, *args))
 
 
 # ---- chat -----------------------------------------------------------------------------------
@@ -145,7 +156,7 @@ async def chat_job(
     output, tool_constraint = tool_setup(manager, req, text)
     if tool_constraint is not None:  # forced tool calls win over response_format
         constraint, constraint_param = tool_constraint, "tool_choice"
-    ids = await encode(manager, text)
+    ids = await encode_prompt(manager, text)
     manager.check_prompt(ids, "messages")
     given = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -216,17 +227,18 @@ async def _fim_completion_prompt(manager: TokenizerManager, prompt: Any, suffix:
         raise bad_request(
             "'suffix' needs 'prompt' as one string (the text before the gap)", "prompt"
         )
-    return fim_prompt(fim, await encode(manager, prompt), await encode(manager, suffix))
+    prefix, after = await encode(manager, prompt), await encode(manager, suffix)
+    return fim_prompt(fim, prefix, after, lead=manager.prompt_lead)
 
 
 async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [await encode(manager, prompt)]
+        return [await encode_prompt(manager, prompt)]
     prompts: Sequence[list[int]]
     if all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     elif all(isinstance(p, str) for p in prompt):
-        prompts = [await encode(manager, p) for p in prompt]
+        prompts = [await encode_prompt(manager, p) for p in prompt]
     elif all(isinstance(p, list) for p in prompt):
         prompts = [list(p) for p in prompt]
     else:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -30,6 +31,7 @@ from localradix.server.protocol import (
     ModelCard,
     ModelList,
 )
+from localradix.server.tokenizer_manager import TokenizerManager
 
 # Their bodies are decoded by the routes themselves; app.py publishes these in the schema.
 REQUEST_BODIES: dict[str, type] = {
@@ -87,11 +89,22 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     job = await completion_job(manager, req)
     model = served_name(manager)
     with closed_on_error(job):
-        decode_ids = manager.tokenizer.decode
-        echoed = [decode_ids(p, skip_special_tokens=False) for p in job.prompts] if req.echo else []
+        echoed = _echoed(manager, req, job.prompts) if req.echo else []
     stream = partial(completion_stream, job, model, req, echoed) if req.stream else None
     whole = partial(completion_response, model=model, req=req, prompt_texts=echoed)
     return await answer(request, job, stream, whole)
+
+
+def _echoed(
+    manager: TokenizerManager, req: CompletionRequest, prompts: Sequence[Sequence[int]]
+) -> list[str]:
+    """The prompts as the client sent them: text as given (without the BOS the model's rule
+    added), token ids (and a FIM prompt, built of ids) decoded."""
+    if not req.suffix and isinstance(req.prompt, str):
+        return [req.prompt]
+    if not req.suffix and all(isinstance(p, str) for p in req.prompt):
+        return [str(p) for p in req.prompt]
+    return [manager.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
 
 
 @get(
