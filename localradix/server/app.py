@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 import localradix
 from localradix.config import ServerArgs
-from localradix.server import anthropic, infill, ollama, openai, ops, responses
+from localradix.server import anthropic, infill, ollama, openai, ops, responses, tokenize
 from localradix.server.core.docs import publish_request_bodies
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
@@ -72,7 +72,14 @@ def create_app(
     v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES, *responses.ROUTES])
     on_error = error_handler(APIError.body)
     app = Litestar(
-        route_handlers=[v1, *ops.ROUTES, *infill.ROUTES, *ollama.ROUTES, *anthropic.ROUTES],
+        route_handlers=[
+            v1,
+            *ops.ROUTES,
+            *infill.ROUTES,
+            *tokenize.ROUTES,
+            *ollama.ROUTES,
+            *anthropic.ROUTES,
+        ],
         on_startup=[server.start],
         on_shutdown=[server.stop],
         middleware=[
@@ -91,5 +98,5 @@ def create_app(
     )
     app.state.server = server
     app.state.policy = policy
-    publish_request_bodies(app, REQUEST_BODIES)
+    publish_request_bodies(app, {**REQUEST_BODIES, **tokenize.REQUEST_BODIES})
     return app
