@@ -74,6 +74,9 @@ def test_readme_example_runs_in_time(server, kind, code):
             assert r.returncode == 0, r.stderr
             reply = json.loads(r.stdout)
             assert "error" not in reply, reply
+            if "/tokenize" in argv[1] or "/detokenize" in argv[1]:
+                assert reply.get("tokens") or reply.get("content"), reply
+                continue
             choice = reply["choices"][0]
             content = choice["message"]["content"]
             assert content and choice["finish_reason"] in ("stop", "length"), reply
