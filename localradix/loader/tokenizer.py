@@ -1,4 +1,4 @@
-"""Tokenizer: a `tokenizers` backend plus special tokens and the chat template.
+"""Tokenizers: the chat-template and prompt rules they share, and the `tokenizers`-backed one.
 
 `load_tokenizer(source)` loads only this (no weights, no torch), for the API process. A Hugging
 Face folder is read directly; a GGUF's tokenizer is rebuilt from its metadata once and cached as
@@ -8,6 +8,7 @@ an HF-style folder (see `localradix.loader.gguf_convert`).
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,78 @@ from localradix.loader.source import ModelSource, resolve_model
 FIM_TOKEN_KEYS = tuple(f"fim_{p}_token" for p in ("pre", "suf", "mid", "pad", "rep", "sep"))
 
 
-class Tokenizer:
+class ChatTokenizer(ABC):
+    """What every tokenizer shares: the chat template and how a prompt gets its BOS. The rest
+    of the code uses tokenizers by this surface (encode, decode, eos_token_ids, ...)."""
+
+    chat_template: str | None
+    special_tokens: dict[str, str]
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    @abstractmethod
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    @abstractmethod
+    def piece_bytes(self, token_id: int) -> bytes:
+        """One token's text as bytes (special tokens spelled out)."""
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None: ...
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        return [self.encode(text, add_special_tokens) for text in texts]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids a model sees for a prompt: BOS (and EOS) where the tokenizer's own rule adds
+        them, and never a second BOS where the text (a chat template's output) already has one."""
+        ids = self.encode(text, add_special_tokens=True)
+        bos = self.bos_token_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos == ids[1]:
+            return ids[1:]
+        return ids
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Render the conversation to a prompt string (tokenize it with `encode`)."""
+        if self.chat_template is None:
+            raise ValueError(
+                "this model has no chat template; use the completions API with a raw prompt"
+            )
+        context = {**self.special_tokens, **kwargs}
+        return render_chat_template(
+            self.chat_template,
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **context,
+        )
+
+
+class Tokenizer(ChatTokenizer):
+    """A `tokenizers` backend plus special tokens and the chat template."""
+
     def __init__(
         self,
         backend: Backend,
@@ -46,24 +118,11 @@ class Tokenizer:
         return None if token is None else self.backend.token_to_id(token)
 
     @property
-    def eos_token_id(self) -> int | None:
-        return self.eos_token_ids[0] if self.eos_token_ids else None
-
-    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """The ids a model sees for a prompt: BOS (and EOS) where the tokenizer's own rule adds
-        them, and never a second BOS where the text (a chat template's output) already has one."""
-        ids = self.encode(text, add_special_tokens=True)
-        bos = self.bos_token_id
-        if bos is not None and len(ids) >= 2 and ids[0] == bos == ids[1]:
-            return ids[1:]
-        return ids
 
     def piece_bytes(self, token_id: int) -> bytes:
         """One token's text as bytes (special tokens spelled out)."""
@@ -83,27 +142,6 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        **kwargs: Any,
-    ) -> str:
-        """Render the conversation to a prompt string (tokenize it with `encode`)."""
-        if self.chat_template is None:
-            raise ValueError(
-                "this model has no chat template; use the completions API with a raw prompt"
-            )
-        context = {**self.special_tokens, **kwargs}
-        return render_chat_template(
-            self.chat_template,
-            messages=messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            **context,
-        )
 
     @staticmethod
     def from_folder(folder: str | Path) -> Tokenizer:
@@ -137,7 +175,7 @@ class Tokenizer:
         )
 
 
-def load_tokenizer(source: ModelSource | str | None) -> Tokenizer:
+def load_tokenizer(source: ModelSource | str | None) -> ChatTokenizer:
     """Only the tokenizer of a model (fast; no weights, no torch)."""
     if not isinstance(source, ModelSource):
         source = resolve_model(source)
