@@ -1,0 +1,72 @@
+"""Session fixtures: the tiny GGUF of each family (built once, cached across runs) and
+llama.cpp's own greedy continuation of a token-id prompt on it (the reference)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from .gguf_families import FAMILIES, family_gguf
+
+HAS_LLAMA_CPP: bool = importlib.util.find_spec("llama_cpp") is not None
+THREADS = 2  # localradix's llamacpp runner and the reference use the same thread count
+REFERENCE_CTX = 2048
+
+requires_llama_cpp = pytest.mark.skipif(
+    not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed (localradix[llamacpp])"
+)
+
+Greedy = Callable[[str, Sequence[int], int], tuple[int, ...]]
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Callable[[str], Path]:
+    """gguf_path(family) -> the family's cached GGUF (built on first use, under a file lock)."""
+    return family_gguf
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_greedy(gguf_path: Callable[[str], Path]) -> Iterator[Greedy]:
+    """llama_cpp_greedy(family, prompt ids, n) -> llama-cpp-python's greedy tokens: one
+    sequence, a fresh context state per prompt, flash attention on (as localradix runs it)."""
+    from llama_cpp import Llama
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    models: dict[str, Llama] = {}
+    done: dict[tuple[str, tuple[int, ...], int], tuple[int, ...]] = {}
+
+    def greedy(family: str, ids: Sequence[int], n: int) -> tuple[int, ...]:
+        key = (family, tuple(ids), n)
+        if key not in done:
+            if family not in models:
+                models[family] = Llama(
+                    model_path=str(gguf_path(family)),
+                    n_ctx=REFERENCE_CTX,
+                    n_threads=THREADS,
+                    flash_attn=True,
+                    verbose=False,
+                )
+            done[key] = _generate(models[family], list(ids), n)
+        return done[key]
+
+    yield greedy
+    for llm in models.values():
+        llm.close()
+
+
+def _generate(llm: object, ids: list[int], n: int) -> tuple[int, ...]:
+    tokens: list[int] = []
+    for token in llm.generate(ids, temp=0.0, reset=True):  # type: ignore[attr-defined]
+        tokens.append(int(token))
+        if len(tokens) == n:
+            break
+    return tuple(tokens)
+
+
+def family_params(kinds: Sequence[str] | None = None) -> list[str]:
+    """Family names for parametrize, optionally only those of some kinds."""
+    return [name for name, f in FAMILIES.items() if kinds is None or f.kind in kinds]
