@@ -82,6 +82,12 @@ class ServerArgs:
         "radix-cache eviction policy", default="lru", choices=EVICTION_POLICIES
     )
     disable_radix_cache: bool = _opt("never reuse a cached prefix", default=False)
+    snapshot_mib: float | None = _opt(
+        "MiB of recurrent-state snapshots kept at cached prefixes (models with recurrent "
+        "layers: Qwen3.5, Granite 4 hybrids, LFM2, Mamba; LRU beyond that). Default: a quarter "
+        "of the KV pool's size, at least 64",
+        default=None,
+    )
     max_cached_tokens: int | None = _opt(
         "most tokens the radix cache keeps that no running request uses (LRU beyond that), "
         "enforced while requests run. Default: all that fit in the pool; on llamacpp, where "

@@ -67,6 +67,7 @@ def _check_snapshots(cache: RadixCache) -> None:
         return
     _require(held == set(store.sizes), "the snapshot store and the tree's snapshots disagree")
     _require(store.bytes == sum(store.sizes.values()), "snapshot bytes drifted")
+    _require(store.weak <= set(store.sizes), "a weak snapshot the store does not hold")
     _require(store.bytes <= store.budget, f"snapshots {store.bytes} B over {store.budget} B")
 
 

@@ -7,8 +7,9 @@ handle to the model's state at exactly its end position (the runner owns what th
 names: a llama.cpp partial state blob, recurrent tensors). A request resumes from the deepest
 node with a handle on its matched path.
 
-Handles have a byte budget: past it, the least recently used ones are dropped (their nodes
-stay cached, they just stop being resume points). A handle dies with its node (eviction).
+Handles have a byte budget: past it, weak ones (taken on speculation, not where a request
+branched or ended) and then the least recently used ones are dropped (their nodes stay
+cached, they just stop being resume points). A handle dies with its node (eviction).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class SnapshotStore:
     budget: int  # bytes of snapshots kept at most
     release: Callable[[Any], None]  # the runner frees a handle it gave out
     sizes: dict[TreeNode, int] = field(default_factory=dict)  # node -> its handle's bytes
+    weak: set[TreeNode] = field(default_factory=set)  # dropped before the others
     bytes: int = 0
     hits: int = 0  # requests resumed from a snapshot
     taken: int = 0  # snapshots attached since start
@@ -33,7 +35,7 @@ class SnapshotStore:
     def count(self) -> int:
         return len(self.sizes)
 
-    def attach(self, node: TreeNode, handle: Any, nbytes: int) -> bool:
+    def attach(self, node: TreeNode, handle: Any, nbytes: int, weak: bool = False) -> bool:
         """Keep `handle` (the state at the end of `node`); False (handle released) when the
         node already has one or the handle alone is over the budget."""
         if node.snapshot is not None or nbytes > self.budget:
@@ -43,6 +45,8 @@ class SnapshotStore:
         self.sizes[node] = nbytes
         self.bytes += nbytes
         self.taken += 1
+        if weak:
+            self.weak.add(node)
         self._trim(keep=node)
         return True
 
@@ -53,16 +57,17 @@ class SnapshotStore:
         self.release(node.snapshot)
         node.snapshot = None
         self.bytes -= self.sizes.pop(node)
+        self.weak.discard(node)
 
     def forget_all(self) -> None:
         for node in list(self.sizes):
             self.forget(node)
 
     def _trim(self, keep: TreeNode) -> None:
-        """Drop least recently used snapshots until the budget holds (never `keep`)."""
+        """Drop weak, then least recently used snapshots until the budget holds (never `keep`)."""
         if self.bytes <= self.budget:
             return
-        for node in sorted(self.sizes, key=lambda n: n.last_access_time):
+        for node in sorted(self.sizes, key=lambda n: (n not in self.weak, n.last_access_time)):
             if self.bytes <= self.budget:
                 return
             if node is not keep:

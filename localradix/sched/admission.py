@@ -66,7 +66,7 @@ class PrefillAdmission:
         todo = len(key) - req.kv_len
         extend = budget.extend_size(req, todo) or min(todo, max(budget.chunk_size, 1))
         extend = self.slots.align_chunk(extend, todo) or min(todo, self.slots.page)
-        extend = self.slots.branch_cap(req, req.kv_len, extend)
+        extend = self.slots.snapshot_cap(req, req.kv_len, extend)
         if not self.slots.reserve(req, extend):
             return False
         _start_extend(req, extend)
@@ -88,7 +88,7 @@ class PrefillAdmission:
             return "skip"
         todo = len(key) - cached
         extend = self.slots.align_chunk(budget.extend_size(req, todo), todo)
-        extend = self.slots.branch_cap(req, cached, extend)
+        extend = self.slots.snapshot_cap(req, cached, extend)
         if extend == 0:
             return "stop"
         if extend < todo and self.queues.chunked is not None:

@@ -46,6 +46,7 @@ class Req:
     # Models with recurrent layers: how far the tree matched the prompt at the latest match
     # (past the snapshot it resumes from); its prefill stops there first to take a snapshot.
     branch_at: int = 0
+    snapshot_stride: int = 0  # ...and when it found nothing cached, it snapshots every this many
     grammar_future: Any = None  # Future of the compiled constraint, while it compiles
     grammar: Any = None  # GrammarState once compiled
     # Overlap scheduling: tokens sampled by launched steps that the host has not read yet, the

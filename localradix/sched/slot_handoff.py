@@ -8,8 +8,10 @@ leaving request.
 
 For models with recurrent layers (`ModelRunner.snapshots`), KV slots alone cannot resume a
 request inside a cached path: it resumes from the deepest node holding a state snapshot, and
-this room takes snapshots where later requests will want them: where a request's cached path
-branches off (its prefill stops there first: `branch_cap`) and where a request leaves.
+this room takes snapshots where later requests will want them (the prefill stops there first:
+`snapshot_cap`): where a request's cached path branches off, where a request leaves, and every
+1/8 of a prompt that found nothing cached (a second request on a new prefix resumes near its
+branch point; these "stride" snapshots are the first to go when the budget is short).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from localradix.mem.radix_node import EMPTY, TreeNode
 from localradix.sched.cache_budget import cold_from
 from localradix.sched.request import Req
 from localradix.spec.draft_kv import rejected_slots
+
+COLD_SNAPSHOTS = 8  # snapshots along a prompt that found nothing cached...
+MIN_SNAPSHOT_STRIDE = 32  # ...at least this many tokens apart (each costs a prefill chunk)
 
 if TYPE_CHECKING:
     from localradix.runner.base import StateSnapshots
@@ -69,13 +74,19 @@ class SlotHandoff:
         match = self.cache.match_prefix(req.all_ids[:-1], extra_key=req.extra_key)
         req.branch_at = match.matched_len
         req.prefix_match = self.cache.resume_point(match)
+        cold = req.prefix_match.matched_len == 0
+        req.snapshot_stride = max(MIN_SNAPSHOT_STRIDE, -(-req.seq_len // COLD_SNAPSHOTS)) * cold
 
-    def branch_cap(self, req: Req, start: int, extend: int) -> int:
-        """`extend` tokens from `start`, cut to stop at the request's branch point when one
-        lies ahead: the snapshot taken there lets the next request on that prefix resume."""
-        if self.states is None or not start < req.branch_at < start + extend:
+    def snapshot_cap(self, req: Req, start: int, extend: int) -> int:
+        """`extend` tokens from `start`, cut to stop at the next point where the request takes
+        a snapshot (its branch point, or a stride of a cold prompt), if one lies inside."""
+        if self.states is None:
             return extend
-        return req.branch_at - start
+        stops = [req.branch_at]
+        if req.snapshot_stride:
+            stops.append((start // req.snapshot_stride + 1) * req.snapshot_stride)
+        inside = [p for p in stops if start < p < min(start + extend, req.seq_len)]
+        return min(inside) - start if inside else extend
 
     def owned(self, req: Req) -> np.ndarray:
         """Slots the request (not the tree) owns: past its cached prefix, up to its page end."""
@@ -176,8 +187,11 @@ class SlotHandoff:
         self.cache.lock(match.last_node)
         self.cache.unlock(req.last_node)
         req.last_node, req.cached_len = match.last_node, match.matched_len
-        if req.kv_len == req.branch_at == match.matched_len:
-            self._snapshot(req, match.last_node)
+        if self.states is not None and match.matched_len == req.kv_len:
+            branch = req.kv_len == req.branch_at
+            stride = req.snapshot_stride and req.kv_len % req.snapshot_stride == 0
+            if branch or stride:
+                self._snapshot(req, match.last_node, weak=not branch)
 
     def release(self, req: Req) -> None:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""
@@ -209,12 +223,13 @@ class SlotHandoff:
         if match.matched_len == length:
             self._snapshot(req, match.last_node)
 
-    def _snapshot(self, req: Req, node: TreeNode) -> None:
-        """Attach the state of `req`'s row (at the end of `node`) to `node`, unless it has one."""
+    def _snapshot(self, req: Req, node: TreeNode, weak: bool = False) -> None:
+        """Attach the state of `req`'s row (at the end of `node`) to `node`, unless it has one
+        (`weak`: one of the first to go when the budget is short)."""
         if self.states is None or self.cache.snapshots is None or node.snapshot is not None:
             return
         if node is self.cache.root:
             return
         assert req.row is not None
         handle, nbytes = self.states.save(req.row)
-        self.cache.snapshots.attach(node, handle, nbytes)
+        self.cache.snapshots.attach(node, handle, nbytes, weak)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .gguf_families import FAMILIES, family_gguf
@@ -65,6 +67,63 @@ def _generate(llm: object, ids: list[int], n: int) -> tuple[int, ...]:
         if len(tokens) == n:
             break
     return tuple(tokens)
+
+
+TIE = 0.01  # a top-2 logit gap under this is a float-noise tie: batch shape may decide it
+
+
+@dataclass(frozen=True)
+class Reference:
+    """llama.cpp's greedy tokens for one prompt and, at each, the gap to the runner-up logit."""
+
+    tokens: tuple[int, ...]
+    gaps: tuple[float, ...]
+
+    def agrees(self, tokens: Sequence[int]) -> bool:
+        """Equal, or equal up to a token where llama.cpp's own choice was a tie (past which a
+        batched run may legitimately continue otherwise: its matmuls round differently)."""
+        k = self.same_for(tokens)
+        return k == len(self.tokens) == len(tokens) or (k < len(tokens) and self.gaps[k] < TIE)
+
+    def same_for(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens equal llama.cpp's."""
+        pairs = list(zip(self.tokens, tokens))
+        return next((k for k, (a, b) in enumerate(pairs) if a != b), len(pairs))
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_reference(gguf_path: Callable[[str], Path]) -> Iterator[Callable[..., Reference]]:
+    """llama_cpp_reference(family, prompt ids, n) -> `Reference`: one sequence, flash attention."""
+    from llama_cpp import Llama
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    models: dict[str, Llama] = {}
+
+    def reference(family: str, ids: Sequence[int], n: int) -> Reference:
+        if family not in models:
+            models[family] = Llama(
+                model_path=str(gguf_path(family)),
+                n_ctx=REFERENCE_CTX,
+                n_threads=THREADS,
+                flash_attn=True,
+                logits_all=True,  # `scores` holds every row (else only what `generate` needs)
+                verbose=False,
+            )
+        llm = models[family]
+        llm.reset()
+        llm.eval(list(ids))
+        tokens, gaps = [], []
+        for _ in range(n):
+            top2 = np.sort(llm.scores[llm.n_tokens - 1])[-2:]
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tokens.append(token)
+            gaps.append(float(top2[1] - top2[0]))
+            llm.eval([token])
+        return Reference(tuple(tokens), tuple(gaps))
+
+    yield reference
+    for llm in models.values():
+        llm.close()
 
 
 def family_params(kinds: Sequence[str] | None = None) -> list[str]:

@@ -6,7 +6,8 @@ Per family, in-process (`localradix.Engine` with the llamacpp backend) on its ti
   tokens the same request gives on a fresh engine with the radix cache off;
 - hybrid and recurrent families (whose state cannot simply be truncated to a prefix): a 6-turn
   conversation and 16 requests behind one system prompt are cached about as well as on the dense
-  llama fixture, with outputs identical to cache-off.
+  llama fixture; with the cache and without, each request gives llama.cpp's own single-sequence
+  tokens (up to a float-noise tie of llama.cpp's own, where a batch may round the other way).
 And once per family, `localradix serve --backend llamacpp` starts on the GGUF and answers a chat
 completion and a token-id completion.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import THREADS, Greedy, family_params, requires_llama_cpp
+from .conftest import THREADS, Greedy, Reference, family_params, requires_llama_cpp
 
 SERVER_TESTS = str(Path(__file__).resolve().parent.parent / "server")
 if SERVER_TESTS not in sys.path:
@@ -104,6 +105,7 @@ def test_shared_prefix_is_cached_and_exact(family: str, gguf_path: Callable[[str
 # ---- hybrid and recurrent families against the dense llama -----------------------------------
 @dataclass
 class Workload:
+    prompts: list[list[int]]
     answers: list[Answer]
 
     @property
@@ -120,19 +122,20 @@ class Workload:
 def _conversation(engine: Any, turns: int = 6) -> Workload:
     """Each turn's prompt = the previous prompt + its reply + a new 20-token user message."""
     prompt = _ids(10, 60) + _ids(11, 20)
-    answers = []
+    prompts, answers = [], []
     for turn in range(turns):
         (answer,) = _run(engine, [prompt])
+        prompts.append(prompt)
         answers.append(answer)
         prompt = prompt + list(answer.tokens) + _ids(12 + turn, 20)
-    return Workload(answers)
+    return Workload(prompts, answers)
 
 
 def _system_prompt(engine: Any, requests: int = 16) -> Workload:
     """One 120-token system prompt: the first request alone, then the other 15 at once."""
     system = _ids(30, 120)
     prompts = [system + _ids(31 + i, 20) for i in range(requests)]
-    return Workload(_run(engine, prompts[:1]) + _run(engine, prompts[1:]))
+    return Workload(prompts, _run(engine, prompts[:1]) + _run(engine, prompts[1:]))
 
 
 WORKLOADS: dict[str, Callable[[Any], Workload]] = {
@@ -158,13 +161,20 @@ def test_stateful_family_caches_like_dense(
     workload: str,
     gguf_path: Callable[[str], Path],
     dense_shares: dict[str, float],
+    llama_cpp_reference: Callable[..., Reference],
 ) -> None:
     run = WORKLOADS[workload]
     with _engine(gguf_path(family)) as engine:
         cached = run(engine)
     with _engine(gguf_path(family), disable_radix_cache=True) as engine:
         cold = run(engine)
-    assert cached.outputs == cold.outputs, "the cache changed the output"
+    # References use the cached run's prompts (a conversation's hold its replies).
+    refs = [llama_cpp_reference(family, p, NEW) for p in cached.prompts]
+    assert all(r.agrees(a.tokens) for r, a in zip(refs, cached.answers)), "cached != llama.cpp"
+    assert all(r.agrees(a.tokens) for r, a in zip(refs, cold.answers)), "cache-off != llama.cpp"
+    # Ties excuse what follows them only: most tokens must still be checked one for one.
+    checked = sum(r.same_for(a.tokens) for run in (cached, cold) for r, a in zip(refs, run.answers))
+    assert checked >= 0.75 * 2 * NEW * len(refs), f"only {checked} tokens checked: a weak check"
     assert cached.cached_share >= COMPARABLE * dense_shares[workload], (
         f"cached share {cached.cached_share:.2f}, dense llama {dense_shares[workload]:.2f}"
     )

@@ -22,6 +22,7 @@ from localradix.config import ServerArgs
 from localradix.messages import GenerateRequest
 from localradix.runner.base import ModelRunner
 from localradix.sampling_params import SamplingParams
+from localradix.sched.scheduler import Scheduler
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 from .test_overlap_scheduler import VOCAB, _scheduler
@@ -99,8 +100,21 @@ def _run(sched, jobs: list[tuple[str, tuple[int, ...]]]) -> dict[str, list[int]]
     return got
 
 
-def _alone(prompt: tuple[int, ...], params: SamplingParams = GREEDY) -> list[int]:
-    sched = _scheduler(RecurrentRunner(400), ServerArgs(max_total_tokens=400))
+def _long_scheduler(runner: RecurrentRunner, **kw: object) -> Scheduler:
+    """A scheduler for prompts past the overlap tests' 96-token context."""
+    args = ServerArgs(max_total_tokens=runner.kv_capacity, **kw)  # type: ignore[arg-type]
+    return Scheduler(
+        runner, args, context_len=400, eos_token_ids=(1,), decode=str, vocab_size=VOCAB
+    )
+
+
+def _alone(
+    prompt: tuple[int, ...], params: SamplingParams = GREEDY, long: bool = False
+) -> list[int]:
+    runner = RecurrentRunner(1000 if long else 400)
+    sched = (
+        _long_scheduler(runner) if long else _scheduler(runner, ServerArgs(max_total_tokens=400))
+    )
     sched.add_request(GenerateRequest("x", prompt, params))
     got: list[int] = []
     while sched.has_work():
@@ -125,6 +139,20 @@ def test_the_second_request_on_a_prefix_snapshots_its_branch_point_for_the_third
     # 3rd and 4th resume there.
     assert np.diff([0, *cached]).tolist() == [0, 0, len(SYSTEM), len(SYSTEM)]
     assert sched.stats().snapshot_hits == 2
+
+
+def test_a_cold_prompt_leaves_snapshots_every_eighth_so_the_second_request_resumes_near():
+    runner = RecurrentRunner(1000, snapshot_budget=100 * SNAPSHOT_BYTES)
+    sched = _long_scheduler(runner)
+    stem = tuple(2 + i % 47 for i in range(200))
+    first, second = stem + (5,) * 20, stem + (6,) * 20
+    assert _run(sched, [("a", first)])["a"] == _alone(first, long=True)
+    store = sched.cache.snapshots
+    assert store is not None
+    # 220 tokens: a weak snapshot every 32 (the 1/8 stride's floor) up to 192, one at the end
+    assert store.count == 6 + 1 and len(store.weak) == 6
+    assert _run(sched, [("b", second)])["b"] == _alone(second, long=True)
+    assert sched.stats().cache_hit_tokens == 192  # the stride snapshot under the 200 shared
 
 
 def test_a_chat_resumes_each_turn_where_the_last_one_ended():

@@ -129,6 +129,8 @@ class LlamaCppRunner(ModelRunner):
         self.states: LlamaStates | None = None
         if self.recurrent:
             budget = max(MIN_SNAPSHOT_BYTES, round(self.kv_budget.bytes * SNAPSHOT_SHARE))
+            if args.snapshot_mib is not None:
+                budget = round(args.snapshot_mib * 2**20)
             self.states = LlamaStates(llama, self.ctx, self._row_of_seq, budget)
             self.states.bind(self.seqs.seq_of_row.get)
             self.snapshots = self.states
