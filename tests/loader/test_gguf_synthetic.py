@@ -14,7 +14,6 @@ from localradix.loader import (
     gguf_convert,
     load_model,
     load_model_config,
-    load_tokenizer,
     resolve_model,
 )
 from localradix.loader.gguf_convert import WEIGHTS_FILE, cache_dir_for
@@ -128,8 +127,13 @@ def test_conversion_is_cached_and_keyed_by_file(tmp_path, cache_dir, monkeypatch
 
 
 def test_gguf_tokenizer(tmp_path, cache_dir):
+    """The tokenizer rebuilt from GGUF metadata (what runs without llama.cpp, for the
+    vocabularies it reproduces exactly) against transformers' own GGUF reader."""
+    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+    from localradix.loader.tokenizer import Tokenizer
+
     path = write_gguf(tmp_path / "m.gguf", _hf_model("qwen3"), "qwen3")
-    tok = load_tokenizer(str(path))
+    tok = Tokenizer.from_folder(ensure_gguf_tokenizer(path))
     assert tok.eos_token_ids == (2,) and tok.bos_token_id == 1 and tok.vocab_size == VOCAB
     ids = tok.encode("<|im_start|>the hello world<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2

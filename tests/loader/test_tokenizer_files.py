@@ -87,8 +87,12 @@ def _write_spm_gguf(path):
 
 
 def test_sentencepiece_gguf_matches_transformers(tmp_path, cache_dir):
+    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+    from localradix.loader.tokenizer import Tokenizer
+
     _write_spm_gguf(tmp_path / "spm.gguf")
-    tok = load_tokenizer(str(tmp_path / "spm.gguf"))
+    # The rebuilt tokenizer (llama.cpp's own is load_tokenizer's and has its own tests).
+    tok = Tokenizer.from_folder(ensure_gguf_tokenizer(tmp_path / "spm.gguf"))
     ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
     for text in ["hello world", " hello", "hello\nworld", "héllo wörld", "world  hello", "x"]:
         ours = tok.encode(text, add_special_tokens=True)
