@@ -98,7 +98,7 @@ def main() -> int:
 
 
 def _bench(ns: argparse.Namespace, urls: dict[str, str]) -> dict:
-    output = Path(tempfile.mkstemp(prefix="bench-llamacpp-", suffix=".json")[1])
+    output = ns.output or Path(tempfile.mkstemp(prefix="bench-llamacpp-", suffix=".json")[1])
     argv = [sys.executable, "-m", "localradix", "bench", "--no-progress",
             "--compare", *(f"{label}={url}" for label, url in urls.items()),
             "--baseline", "llama-server", "--workload", *ns.workloads,
@@ -149,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--server-args", default="", help='extra `localradix serve` flags, e.g. "--flag 1"'
     )
+    p.add_argument("--output", type=Path, default=None, help="keep the bench's JSON report here")
     return p
 
 
