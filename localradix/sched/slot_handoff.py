@@ -9,9 +9,11 @@ leaving request.
 For models with recurrent layers (`ModelRunner.snapshots`), KV slots alone cannot resume a
 request inside a cached path: it resumes from the deepest node holding a state snapshot, and
 this room takes snapshots where later requests will want them (the prefill stops there first:
-`snapshot_cap`): where a request's cached path branches off, where a request leaves, and every
-1/8 of a prompt that found nothing cached (a second request on a new prefix resumes near its
-branch point; these "stride" snapshots are the first to go when the budget is short).
+`snapshot_cap`): where a request's cached path branches off, at the end of its prompt (a
+chat's next turn holds this prompt whole, though its copy of the reply may tokenize otherwise),
+where a request leaves, and every 1/8 of a prompt that found nothing cached (a second request on
+a new prefix resumes near its branch point; these "stride" snapshots go first when the budget
+is short).
 """
 
 from __future__ import annotations
@@ -188,10 +190,10 @@ class SlotHandoff:
         self.cache.unlock(req.last_node)
         req.last_node, req.cached_len = match.last_node, match.matched_len
         if self.states is not None and match.matched_len == req.kv_len:
-            branch = req.kv_len == req.branch_at
+            strong = req.kv_len in (req.branch_at, req.seq_len)  # a branch, the prompt's end
             stride = req.snapshot_stride and req.kv_len % req.snapshot_stride == 0
-            if branch or stride:
-                self._snapshot(req, match.last_node, weak=not branch)
+            if strong or stride:
+                self._snapshot(req, match.last_node, weak=not strong)
 
     def release(self, req: Req) -> None:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""

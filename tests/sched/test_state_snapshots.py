@@ -149,8 +149,9 @@ def test_a_cold_prompt_leaves_snapshots_every_eighth_so_the_second_request_resum
     assert _run(sched, [("a", first)])["a"] == _alone(first, long=True)
     store = sched.cache.snapshots
     assert store is not None
-    # 220 tokens: a weak snapshot every 32 (the 1/8 stride's floor) up to 192, one at the end
-    assert store.count == 6 + 1 and len(store.weak) == 6
+    # 220 tokens: a weak snapshot every 32 (the 1/8 stride's floor) up to 192; strong ones at
+    # the prompt's end and the request's
+    assert store.count == 6 + 2 and len(store.weak) == 6
     assert _run(sched, [("b", second)])["b"] == _alone(second, long=True)
     assert sched.stats().cache_hit_tokens == 192  # the stride snapshot under the 200 shared
 
@@ -167,6 +168,19 @@ def test_a_chat_resumes_each_turn_where_the_last_one_ended():
         # computed: sampled, then the request ended) and the 10 new tokens
         assert sched.stats().cache_hit_tokens - before == (len(prompt) - 11 if turn else 0)
         prompt = prompt + tuple(reply) + tuple(range(48 - turn, 38 - turn, -1))
+
+
+def test_a_turn_whose_reply_tokenizes_otherwise_resumes_at_the_last_prompt_end():
+    """A chat client sends the reply back as text, which may tokenize to other ids: the next
+    turn still holds the previous prompt whole, and resumes where it ended."""
+    runner = RecurrentRunner(400)
+    sched = _scheduler(runner, ServerArgs(max_total_tokens=400))
+    first = SYSTEM + (41, 42)
+    reply = _run(sched, [("t0", first)])["t0"]
+    retokenized = (reply[0], 3 if reply[1] != 3 else 4, *reply[2:])  # its 2nd id differs
+    second = first + retokenized + (44, 45, 46)
+    assert _run(sched, [("t1", second)])["t1"] == _alone(second)
+    assert sched.stats().cache_hit_tokens == len(first)
 
 
 def test_snapshots_stay_within_their_budget_and_die_with_their_nodes():
