@@ -10,8 +10,11 @@ request ends, strides of cold prompts), shared by every request. This script:
    config; with SmolLM2's tokenizer and vocabulary (49,152) for a tokenizer the converter knows),
    converts it with llama.cpp's own converter and quantizes it with `llama-quantize` (Q4_K_M);
 2. runs `benchmarks/bench_llamacpp.py` (agent and chat workloads, same threads and cells) on it;
-3. runs localradix alone on the dense bundled SmolLM2 (same tokenizer, so the same prompts) for
-   the dense model's cached share on the same workloads.
+3. builds the control the same way, a dense random-weight model of Qwen3-0.6B's shape (same
+   tokenizer, so the same prompts, and replies as random as the hybrid's: a chat client sends
+   each reply back as text, and random tokens seldom tokenize back to themselves, so a real
+   model's cached share would not be comparable), and runs localradix alone on it for the dense
+   model's cached share on the same workloads.
 
     python benchmarks/bench_hybrid.py --llama-cpp PATH/vendor/llama.cpp --bin PATH/build/bin
 """
@@ -50,23 +53,40 @@ SHAPES = {  # transformers Qwen3_5TextConfig arguments
 }
 
 
-def build(shape: str, llama_cpp: Path, quantize: Path, out: Path) -> Path:
+DENSE = dict(  # Qwen3-0.6B's shape
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+)
+COMMON = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768)
+
+
+def hybrid_config(shape: str) -> object:
+    from transformers import Qwen3_5TextConfig
+
+    layers = SHAPES[shape]["num_hidden_layers"]
+    kinds = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    return Qwen3_5TextConfig(layer_types=kinds, **COMMON, **SHAPES[shape])  # type: ignore[arg-type]
+
+
+def dense_config() -> object:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**COMMON, **DENSE)  # type: ignore[arg-type]
+
+
+def build(name: str, config: object, llama_cpp: Path, quantize: Path, out: Path) -> Path:
     """The quantized GGUF (cached in `out`)."""
-    final = out / f"qwen35-{shape}-random-Q4_K_M.gguf"
+    final = out / f"{name}-random-Q4_K_M.gguf"
     if final.is_file():
         return final
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+    from transformers import AutoModelForCausalLM
 
-    layers = SHAPES[shape]["num_hidden_layers"]
-    config = Qwen3_5TextConfig(
-        vocab_size=49152,
-        bos_token_id=1,
-        eos_token_id=2,
-        max_position_embeddings=32768,
-        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
-        **SHAPES[shape],  # type: ignore[arg-type]
-    )
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         folder = Path(tmp) / "hf"
@@ -75,7 +95,8 @@ def build(shape: str, llama_cpp: Path, quantize: Path, out: Path) -> Path:
         f16 = Path(tmp) / "model-f16.gguf"
         env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
         converter = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder)]
-        subprocess.run([*converter, "--outfile", str(f16), "--outtype", "f16", "--no-mtp"],
+        extra = ["--no-mtp"] if "qwen35" in name else []
+        subprocess.run([*converter, "--outfile", str(f16), "--outtype", "f16", *extra],
                        check=True, env=env)  # fmt: skip
         subprocess.run([str(quantize), str(f16), str(final), "Q4_K_M"], check=True)
     return final
@@ -91,15 +112,15 @@ def _copy_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def dense_shares(ns: argparse.Namespace) -> dict[str, float | None]:
-    """localradix alone on the dense bundled model: cached share per workload."""
+def dense_shares(ns: argparse.Namespace, model: Path) -> dict[str, float | None]:
+    """localradix alone on the dense control: cached share per workload."""
     from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
 
     port = free_port()
     server = ServerProcess(
         localradix_argv(("--backend", "llamacpp", "--threads", str(ns.threads),
                          "--max-total-tokens", str(ns.cells), "--log-level", "warning"),
-                        port, str(find_bundled())),
+                        port, str(model)),
         port, ready_timeout=600, env=localradix_env(),
     )  # fmt: skip
     output = Path(tempfile.mkstemp(prefix="bench-dense-", suffix=".json")[1])
@@ -131,8 +152,11 @@ def main() -> int:
     p.add_argument("--workloads", nargs="+", default=["agent", "chat"])
     ns = p.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
-    model = build(ns.shape, ns.llama_cpp, ns.bin / "llama-quantize", ns.out)
-    print(f"model: {model} ({model.stat().st_size / 2**20:.0f} MiB)", flush=True)
+    quantize = ns.bin / "llama-quantize"
+    model = build(f"qwen35-{ns.shape}", hybrid_config(ns.shape), ns.llama_cpp, quantize, ns.out)
+    dense = build("qwen3-0.6b", dense_config(), ns.llama_cpp, quantize, ns.out)
+    for path in (model, dense):
+        print(f"model: {path} ({path.stat().st_size / 2**20:.0f} MiB)", flush=True)
     report = ns.out / "bench-hybrid.json"
     subprocess.run(
         [sys.executable, str(HERE / "bench_llamacpp.py"), "--llama-server",
@@ -141,14 +165,17 @@ def main() -> int:
          "--workloads", *ns.workloads, "--output", str(report)],
         check=True,
     )  # fmt: skip
-    print(summary(json.loads(report.read_text()), dense_shares(ns)))
+    print(summary(json.loads(report.read_text()), dense_shares(ns, dense)))
     return 0
 
 
 def summary(report: dict, dense: dict[str, float | None]) -> str:
     """The issue's targets: wall time vs llama-server, cached share vs the dense model's."""
     runs = {(r["workload"]["name"], r["label"]): r for r in report["runs"]}
-    lines = ["", "hybrid (Qwen3.5 shape) on localradix vs llama-server; dense = SmolLM2"]
+    lines = [
+        "",
+        "hybrid (Qwen3.5-0.8B shape) on localradix vs llama-server; dense: Qwen3-0.6B shape",
+    ]
     for name, limit in TARGETS.items():
         base, ours = runs.get((name, "llama-server")), runs.get((name, "localradix"))
         if base is None or ours is None:

@@ -85,7 +85,7 @@ class ServerArgs:
     snapshot_mib: float | None = _opt(
         "MiB of recurrent-state snapshots kept at cached prefixes (models with recurrent "
         "layers: Qwen3.5, Granite 4 hybrids, LFM2, Mamba; LRU beyond that). Default: a quarter "
-        "of the KV pool's size, at least 64",
+        "of the free memory at start, at most 8 GiB",
         default=None,
     )
     max_cached_tokens: int | None = _opt(

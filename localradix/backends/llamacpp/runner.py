@@ -57,9 +57,12 @@ UBATCH = 512  # llama.cpp's default physical batch
 # cache, per head and layer. Measured on SmolLM2-135M with 2 threads: ~8k idle cells made an
 # 8-request decode step ~1.6x slower, so its budget is ~4k cells; an 8B model's is ~64k.
 IDLE_CELLS_PER_WORK = 1 / 244
-# Bytes of recurrent-state snapshots kept, per byte of the KV pool: a snapshot saves a whole
-# prefill of its path, so they may take a fair share of what the cells take.
-SNAPSHOT_SHARE = 0.25
+# Recurrent-state snapshots live in host memory and each saves a whole prefill of its path, so
+# by default they may take a quarter of the free memory, up to llama-server's --cache-ram
+# default. A real hybrid's state is large (Qwen3.5-0.8B's shape: 18 MiB), and a budget sized
+# from the KV pool (~5 of them) left 4 concurrent chats re-prefilling (2.7% cached, vs 84%).
+SNAPSHOT_MEMORY_SHARE = 0.25
+MAX_DEFAULT_SNAPSHOT_BYTES = 8 * 2**30
 MIN_SNAPSHOT_BYTES = 64 * 2**20
 
 
@@ -128,9 +131,7 @@ class LlamaCppRunner(ModelRunner):
         self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
         self.states: LlamaStates | None = None
         if self.recurrent:
-            budget = max(MIN_SNAPSHOT_BYTES, round(self.kv_budget.bytes * SNAPSHOT_SHARE))
-            if args.snapshot_mib is not None:
-                budget = round(args.snapshot_mib * 2**20)
+            budget = _snapshot_budget(args.snapshot_mib)
             self.states = LlamaStates(llama, self.ctx, self._row_of_seq, budget)
             self.states.bind(self.seqs.seq_of_row.get)
             self.snapshots = self.states
@@ -273,6 +274,14 @@ class LlamaCppRunner(ModelRunner):
         params.swa_full = True  # sliding-window models keep old prefixes reusable
         params.no_perf = True
         return params
+
+
+def _snapshot_budget(mib: float | None) -> int:
+    """Bytes of state snapshots to keep: `--snapshot-mib`, else a share of the free memory."""
+    if mib is not None:
+        return round(mib * 2**20)
+    free = int(psutil.virtual_memory().available * SNAPSHOT_MEMORY_SHARE)
+    return max(MIN_SNAPSHOT_BYTES, min(free, MAX_DEFAULT_SNAPSHOT_BYTES))
 
 
 def _load_model(llama: Any, path: Path, gpu: bool) -> Any:
