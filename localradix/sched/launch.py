@@ -103,6 +103,8 @@ class StepLauncher:
         req.kv_len += req.extend_len - req.spec_len
         req.extend_len = 0
         req.draft_ids = _NO_DRAFTS
+        if not was_prefill:
+            self.slots.cache_decoded(req)
         if was_prefill:
             self.slots.cache_unfinished(req)
             if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet

@@ -11,9 +11,9 @@ request inside a cached path: it resumes from the deepest node holding a state s
 this room takes snapshots where later requests will want them (the prefill stops there first:
 `snapshot_cap`): where a request's cached path branches off, at the end of its prompt (a
 chat's next turn holds this prompt whole, though its copy of the reply may tokenize otherwise),
-where a request leaves, and every 1/8 of a prompt that found nothing cached (a second request on
-a new prefix resumes near its branch point; these "stride" snapshots go first when the budget
-is short).
+where a request leaves, every 16 generated tokens, and every 1/8 of a prompt that found nothing
+cached (a second request on a new prefix resumes near its branch point); the last two are weak:
+they go first when the budget is short.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from localradix.spec.draft_kv import rejected_slots
 
 COLD_SNAPSHOTS = 8  # snapshots along a prompt that found nothing cached...
 MIN_SNAPSHOT_STRIDE = 32  # ...at least this many tokens apart (each costs a prefill chunk)
+DECODE_SNAPSHOT_STRIDE = 16  # generated tokens between weak snapshots (see `cache_decoded`)
 
 if TYPE_CHECKING:
     from localradix.runner.base import StateSnapshots
@@ -175,9 +176,28 @@ class SlotHandoff:
         req.kv_len, req.spec_len = kept, 0
 
     def cache_unfinished(self, req: Req) -> None:
-        """Insert the computed prefix into the tree so others can share it; move our lock."""
-        if self.cache.disable:
+        """Insert the computed prefix into the tree so others can share it; move our lock
+        (models with recurrent state: and snapshot where `snapshot_cap` stopped the chunk)."""
+        if self.cache.disable or not self._cache_computed(req) or self.states is None:
             return
+        strong = req.kv_len in (req.branch_at, req.seq_len)  # a branch, the prompt's end
+        stride = req.snapshot_stride and req.kv_len % req.snapshot_stride == 0
+        if strong or stride:
+            self._snapshot(req, req.last_node, weak=not strong)
+
+    def cache_decoded(self, req: Req) -> None:
+        """Models with recurrent state: every `DECODE_SNAPSHOT_STRIDE` generated tokens, cache
+        the path so far with a weak snapshot at its end. A chat client sends the reply back as
+        text, which may tokenize to other ids from some point on: the next turn resumes at the
+        last snapshot before it (without these, at the previous prompt's end)."""
+        if self.states is None or self.cache.disable or req.kv_len % DECODE_SNAPSHOT_STRIDE:
+            return
+        if req.seq_len == req.kv_len and self._cache_computed(req):  # (overlap: not yet)
+            self._snapshot(req, req.last_node, weak=True)
+
+    def _cache_computed(self, req: Req) -> bool:
+        """Insert what `req` computed, take the tree's slots for it, move the lock to its end;
+        True when the tree's path now ends exactly at `req.kv_len`."""
         assert req.row is not None
         slots = self.req_pool.table[req.row, : req.kv_len]
         ids = req.all_ids[: req.kv_len]
@@ -189,11 +209,7 @@ class SlotHandoff:
         self.cache.lock(match.last_node)
         self.cache.unlock(req.last_node)
         req.last_node, req.cached_len = match.last_node, match.matched_len
-        if self.states is not None and match.matched_len == req.kv_len:
-            strong = req.kv_len in (req.branch_at, req.seq_len)  # a branch, the prompt's end
-            stride = req.snapshot_stride and req.kv_len % req.snapshot_stride == 0
-            if strong or stride:
-                self._snapshot(req, match.last_node, weak=not strong)
+        return match.matched_len == req.kv_len
 
     def release(self, req: Req) -> None:
         """Give a leaving request's KV to the tree (cached, evictable) and free its row."""

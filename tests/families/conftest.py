@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,24 +36,15 @@ def gguf_path() -> Callable[[str], Path]:
 def llama_cpp_greedy(gguf_path: Callable[[str], Path]) -> Iterator[Greedy]:
     """llama_cpp_greedy(family, prompt ids, n) -> llama-cpp-python's greedy tokens: one
     sequence, a fresh context state per prompt, flash attention on (as localradix runs it)."""
-    from llama_cpp import Llama
-
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    models: dict[str, Llama] = {}
+    models: dict[str, Any] = {}
     done: dict[tuple[str, tuple[int, ...], int], tuple[int, ...]] = {}
 
     def greedy(family: str, ids: Sequence[int], n: int) -> tuple[int, ...]:
         key = (family, tuple(ids), n)
         if key not in done:
             if family not in models:
-                models[family] = Llama(
-                    model_path=str(gguf_path(family)),
-                    n_ctx=REFERENCE_CTX,
-                    n_threads=THREADS,
-                    flash_attn=True,
-                    verbose=False,
-                )
-            done[key] = _generate(models[family], list(ids), n)
+                models[family] = open_llama(gguf_path(family))
+            done[key] = generate(models[family], list(ids), n)
         return done[key]
 
     yield greedy
@@ -60,7 +52,24 @@ def llama_cpp_greedy(gguf_path: Callable[[str], Path]) -> Iterator[Greedy]:
         llm.close()
 
 
-def _generate(llm: object, ids: list[int], n: int) -> tuple[int, ...]:
+def open_llama(path: Path, n_ctx: int = REFERENCE_CTX, logits_all: bool = False) -> Any:
+    """A llama-cpp-python model as the references run it: flash attention, localradix's threads
+    (`logits_all`: `scores` holds every row, else only what `generate` needs)."""
+    from llama_cpp import Llama
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_threads=THREADS,
+        flash_attn=True,
+        logits_all=logits_all,
+        verbose=False,
+    )
+
+
+def generate(llm: object, ids: list[int], n: int) -> tuple[int, ...]:
+    """`n` greedy tokens after `ids`, from a fresh state."""
     tokens: list[int] = []
     for token in llm.generate(ids, temp=0.0, reset=True):  # type: ignore[attr-defined]
         tokens.append(int(token))
@@ -94,21 +103,11 @@ class Reference:
 @pytest.fixture(scope="session")
 def llama_cpp_reference(gguf_path: Callable[[str], Path]) -> Iterator[Callable[..., Reference]]:
     """llama_cpp_reference(family, prompt ids, n) -> `Reference`: one sequence, flash attention."""
-    from llama_cpp import Llama
-
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    models: dict[str, Llama] = {}
+    models: dict[str, Any] = {}
 
     def reference(family: str, ids: Sequence[int], n: int) -> Reference:
         if family not in models:
-            models[family] = Llama(
-                model_path=str(gguf_path(family)),
-                n_ctx=REFERENCE_CTX,
-                n_threads=THREADS,
-                flash_attn=True,
-                logits_all=True,  # `scores` holds every row (else only what `generate` needs)
-                verbose=False,
-            )
+            models[family] = open_llama(gguf_path(family), logits_all=True)
         llm = models[family]
         llm.reset()
         llm.eval(list(ids))

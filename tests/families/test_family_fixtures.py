@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import THREADS, family_params, requires_llama_cpp
+from .conftest import THREADS, family_params, generate, requires_llama_cpp
 from .gguf_families import FAMILIES
 
 pytestmark = [pytest.mark.slow, requires_llama_cpp]
@@ -53,21 +53,12 @@ def test_family_loads_and_generates(family: str, gguf_path: Callable[[str], Path
         assert llama_cpp.llama_model_is_recurrent(llm.model) == (kind == "recurrent")
         assert llama_cpp.llama_model_is_hybrid(llm.model) == (kind == "hybrid")
         assert llm.n_vocab() <= 49152  # a modest vocabulary keeps every test fast
-        tokens = _greedy(llm, list(range(300, 340)), 6)
+        tokens = generate(llm, list(range(300, 340)), 6)
         assert len(tokens) == 6 and all(0 <= t < llm.n_vocab() for t in tokens)
         # Random weights, yet not degenerate: the context changes the next token somewhere.
         nexts = {
-            _greedy(llm, [start, start + 1, start + 2, 339], 1) for start in range(400, 900, 50)
+            generate(llm, [start, start + 1, start + 2, 339], 1) for start in range(400, 900, 50)
         }
         assert len(nexts) > 1, "the next token ignores the context"
     finally:
         llm.close()
-
-
-def _greedy(llm: object, ids: list[int], n: int) -> tuple[int, ...]:
-    tokens: list[int] = []
-    for token in llm.generate(ids, temp=0.0, reset=True):  # type: ignore[attr-defined]
-        tokens.append(int(token))
-        if len(tokens) == n:
-            break
-    return tuple(tokens)

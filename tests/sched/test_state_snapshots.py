@@ -150,8 +150,8 @@ def test_a_cold_prompt_leaves_snapshots_every_eighth_so_the_second_request_resum
     store = sched.cache.snapshots
     assert store is not None
     # 220 tokens: a weak snapshot every 32 (the 1/8 stride's floor) up to 192; strong ones at
-    # the prompt's end and the request's
-    assert store.count == 6 + 2 and len(store.weak) == 6
+    # the prompt's end and the request's; a weak one at 224, 16 generated tokens being due
+    assert store.count == 6 + 2 + 1 and len(store.weak) == 7
     assert _run(sched, [("b", second)])["b"] == _alone(second, long=True)
     assert sched.stats().cache_hit_tokens == 192  # the stride snapshot under the 200 shared
 
@@ -181,6 +181,23 @@ def test_a_turn_whose_reply_tokenizes_otherwise_resumes_at_the_last_prompt_end()
     second = first + retokenized + (44, 45, 46)
     assert _run(sched, [("t1", second)])["t1"] == _alone(second)
     assert sched.stats().cache_hit_tokens == len(first)
+
+
+def test_a_reply_that_tokenizes_otherwise_midway_resumes_at_the_last_decode_snapshot():
+    runner = RecurrentRunner(400)
+    sched = _scheduler(runner, ServerArgs(max_total_tokens=400))
+    first = SYSTEM + (41, 42)  # 32 tokens
+    long = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    sched.add_request(GenerateRequest("t0", first, long))
+    reply: list[int] = []
+    while sched.has_work():
+        for out in sched.step():
+            reply.extend(out.new_token_ids)
+    reply[35] = 3 if reply[35] != 3 else 4  # position 32 + 35 = 67 tokenizes otherwise
+    second = first + tuple(reply) + (44, 45)
+    assert _run(sched, [("t1", second)])["t1"] == _alone(second)
+    # generated tokens are snapshotted every 16 positions: 48, 64 (then the end, 71)
+    assert sched.stats().cache_hit_tokens == 64
 
 
 def test_snapshots_stay_within_their_budget_and_die_with_their_nodes():
