@@ -121,6 +121,7 @@ class EngineStats:
     snapshots: int = 0
     snapshot_bytes: int = 0
     snapshot_hits: int = 0
+    snapshot_miss_tokens: int = 0  # cached prompt tokens past a request's last snapshot
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ class SnapshotStore:
     weak: set[TreeNode] = field(default_factory=set)  # dropped before the others
     bytes: int = 0
     hits: int = 0  # requests resumed from a snapshot
+    # Prompt tokens the tree held but a request could not resume into (no snapshot there): what
+    # a model without recurrent state would have found cached on the same traffic, less the hits.
+    unresumed: int = 0
     taken: int = 0  # snapshots attached since start
 
     @property

@@ -101,6 +101,7 @@ class PrefillAdmission:
         if req.cached_tokens < 0:  # its first admission (not a retracted request's return)
             req.cached_tokens = cached
             self.stats.hits.record(cached, len(req.prompt_ids) - cached)
+            self.slots.note_unresumed(req, cached)
             self.stats.note_miss(req, match)
         if extend < todo:
             self.queues.chunked = req

@@ -80,6 +80,11 @@ class SlotHandoff:
         cold = req.prefix_match.matched_len == 0
         req.snapshot_stride = max(MIN_SNAPSHOT_STRIDE, -(-req.seq_len // COLD_SNAPSHOTS)) * cold
 
+    def note_unresumed(self, req: Req, cached: int) -> None:
+        """Count the cached tokens past `req`'s resume point (at its first admission)."""
+        if self.cache.snapshots is not None:
+            self.cache.snapshots.unresumed += max(req.branch_at - cached, 0)
+
     def snapshot_cap(self, req: Req, start: int, extend: int) -> int:
         """`extend` tokens from `start`, cut to stop at the next point where the request takes
         a snapshot (its branch point, or a stride of a cold prompt), if one lies inside."""

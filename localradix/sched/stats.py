@@ -191,4 +191,9 @@ def _req_row(req: Req, now: float) -> dict:
 def _snapshot_stats(store: SnapshotStore | None) -> dict[str, int]:
     if store is None:
         return {}
-    return {"snapshots": store.count, "snapshot_bytes": store.bytes, "snapshot_hits": store.hits}
+    return {
+        "snapshots": store.count,
+        "snapshot_bytes": store.bytes,
+        "snapshot_hits": store.hits,
+        "snapshot_miss_tokens": store.unresumed,
+    }

@@ -147,6 +147,12 @@ class ServerMetrics:
                 "Requests resumed from a state snapshot.",
                 s.snapshot_hits,
             ),
+            *_metric(
+                "counter",
+                "state_snapshot_miss_tokens_total",
+                "Cached prompt tokens past the last snapshot on a request's path (recomputed).",
+                s.snapshot_miss_tokens,
+            ),
         ]
 
     @staticmethod

@@ -32,6 +32,7 @@ ENGINE_NUMBERS = (
     "snapshots",
     "snapshot_bytes",
     "snapshot_hits",
+    "snapshot_miss_tokens",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
 )

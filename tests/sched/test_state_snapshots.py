@@ -139,6 +139,8 @@ def test_the_second_request_on_a_prefix_snapshots_its_branch_point_for_the_third
     # 3rd and 4th resume there.
     assert np.diff([0, *cached]).tolist() == [0, 0, len(SYSTEM), len(SYSTEM)]
     assert sched.stats().snapshot_hits == 2
+    # the 2nd request found the system prompt in the tree but no snapshot in it
+    assert sched.stats().snapshot_miss_tokens == len(SYSTEM)
 
 
 def test_a_cold_prompt_leaves_snapshots_every_eighth_so_the_second_request_resumes_near():
