@@ -1,14 +1,20 @@
 """Chat templates rendered the way transformers renders them.
 
-Same sandbox (`ImmutableSandboxedEnvironment`, trim_blocks, lstrip_blocks, loopcontrols), same
-helpers (`raise_exception`, a `tojson` that keeps non-ASCII and takes indent/separators/sort_keys,
+A sandbox (trim_blocks, lstrip_blocks, loopcontrols), transformers' helpers
+(`raise_exception`, a `tojson` that keeps non-ASCII and takes indent/separators/sort_keys,
 `strftime_now`) and a `{% generation %}` block that just renders its body. Templates come from
-model repos and are untrusted code, hence the sandbox.
+model repos and are untrusted code, hence the sandbox. Unlike transformers' immutable one, it
+lets a template grow its own lists and dicts (Kimi K2's `.append(...)`, as llama.cpp's engine
+allows): it renders deep copies of the request's messages and tools, so nothing a template
+changes reaches the server. `tojson` also takes what `map` and `select` return (generators in
+Jinja, lists in llama.cpp's engine: DeepSeek-R1's template pipes one into it).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -16,7 +22,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -46,8 +52,20 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        x,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_as_json,
     )
+
+
+def _as_json(value: Any) -> Any:
+    """What json cannot encode itself: a filter's generator becomes its list."""
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str) -> str:
@@ -56,7 +74,7 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def compile_chat_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+    env = SandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
@@ -68,8 +86,9 @@ def compile_chat_template(source: str) -> jinja2.Template:
 
 
 def render_chat_template(source: str, **context: Any) -> str:
-    """Render `source` with `messages`, `tools`, `add_generation_prompt`, special tokens, ..."""
-    return compile_chat_template(source).render(**context)
+    """Render `source` with `messages`, `tools`, `add_generation_prompt`, special tokens, ...
+    (copies of them: a template may change what it is given)."""
+    return compile_chat_template(source).render(**copy.deepcopy(context))
 
 
 def select_template(

@@ -25,8 +25,12 @@ def test_raise_exception_and_sandbox():
         render_chat_template("{{ raise_exception('roles must alternate') }}", messages=[])
     with pytest.raises(jinja2.exceptions.SecurityError):
         render_chat_template("{{ messages.__class__.__mro__ }}", messages=[])
-    with pytest.raises(jinja2.exceptions.SecurityError):
-        render_chat_template("{{ messages.append(1) }}", messages=[])
+    # A template may grow lists (Kimi K2's do), on a copy of what it is given.
+    given: list[int] = []
+    assert (
+        render_chat_template("{{ messages.append(1) }}{{ messages }}", messages=given) == "None[1]"
+    )
+    assert given == []
 
 
 def test_trim_and_lstrip_blocks():
