@@ -200,6 +200,12 @@ class ServerArgs:
         "mistral, mistral-v11, pythonic",
         default="auto",
     )
+    keep_billing_header: bool = _opt(
+        "keep Claude Code's per-request 'x-anthropic-billing-header: ...; cch=...' line in "
+        "/v1/messages system prompts (by default it is dropped before templating: its value "
+        "changes every request, so the system prompt and tools after it would never be cached)",
+        default=False,
+    )
     reasoning_parser: str | None = _opt(
         "split the model's reasoning into reasoning_content: auto (detect from the chat "
         "template), deepseek-r1, qwen3, magistral (off unless given)",

@@ -21,6 +21,10 @@ from localradix.server.errors import bad_request
 from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
 
+# Claude Code's first system line: a value that changes every request (`cch=`), which would
+# end every request's cached prefix there (`--keep-billing-header` keeps it).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
 # OpenAI field -> the Anthropic field it came from (for error messages).
 RENAMES = {
     "max_tokens": "max_tokens",
@@ -93,10 +97,29 @@ def _assistant(msg: Message, i: int) -> dict[str, Any]:
     return out
 
 
-def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+def _system(system: str | list[Block], keep_header: bool) -> str:
+    """The system prompt's text, less Claude Code's per-request billing line unless kept."""
+    if keep_header:
+        return _text(system, "system")
+    if isinstance(system, str):
+        return _without_header(system)
+    text = _text(system, "system")  # refuses non-text blocks first
+    return "".join(_without_header(block.text or "") for block in system) if text else ""
+
+
+def _without_header(text: str) -> str:
+    """`text` less a first line that is the billing header (the whole text if it is one)."""
+    if not text.lstrip().startswith(BILLING_HEADER):
+        return text
+    _, newline, rest = text.lstrip().partition("\n")
+    return rest if newline else ""
+
+
+def _messages(req: CountTokensRequest, keep_header: bool = False) -> list[dict[str, Any]]:
     out = []
-    if req.system:
-        out.append({"role": "system", "content": _text(req.system, "system")})
+    system = _system(req.system, keep_header) if req.system else ""
+    if system:
+        out.append({"role": "system", "content": system})
     for i, msg in enumerate(req.messages):
         if msg.role == "user":
             out.extend(_user(msg, i))
@@ -154,7 +177,7 @@ def chat_request(manager: TokenizerManager, req: CountTokensRequest) -> ChatComp
     choice, parallel = _tool_choice(req.tool_choice)
     fields: dict[str, Any] = {
         "model": model,
-        "messages": _messages(req),
+        "messages": _messages(req, manager.args.keep_billing_header),
         "tools": tools,
         "tool_choice": choice if tools else None,
         "parallel_tool_calls": parallel,
