@@ -77,7 +77,7 @@ class SlotHandoff:
         match = self.cache.match_prefix(req.all_ids[:-1], extra_key=req.extra_key)
         req.branch_at = match.matched_len
         req.prefix_match = self.cache.resume_point(match)
-        cold = req.prefix_match.matched_len == 0
+        cold = req.prefix_match.matched_len == 0 and not self.cache.disable
         req.snapshot_stride = max(MIN_SNAPSHOT_STRIDE, -(-req.seq_len // COLD_SNAPSHOTS)) * cold
 
     def note_unresumed(self, req: Req, cached: int) -> None:

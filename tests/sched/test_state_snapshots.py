@@ -54,6 +54,7 @@ class RecurrentRunner(ModelRunner):
         self.saved: dict[int, State] = {}
         self.next_handle = 0
         self.restores = 0
+        self.forwards = 0
 
     # StateSnapshots
     def save(self, row: int) -> tuple[int, int]:
@@ -74,6 +75,7 @@ class RecurrentRunner(ModelRunner):
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         assert batch.req_rows is not None
+        self.forwards += 1
         tokens = np.empty(batch.num_reqs, dtype=np.int64)
         for i in range(batch.num_reqs):
             row = int(batch.req_rows[i])
@@ -156,6 +158,14 @@ def test_a_cold_prompt_leaves_snapshots_every_eighth_so_the_second_request_resum
     assert store.count == 6 + 2 + 1 and len(store.weak) == 7
     assert _run(sched, [("b", second)])["b"] == _alone(second, long=True)
     assert sched.stats().cache_hit_tokens == 192  # the stride snapshot under the 200 shared
+
+
+def test_with_the_cache_off_a_prompt_is_not_cut_for_snapshots():
+    runner = RecurrentRunner(1000)
+    sched = _long_scheduler(runner, disable_radix_cache=True)
+    prompt = tuple(2 + i % 47 for i in range(220))
+    assert _run(sched, [("a", prompt)])["a"] == _alone(prompt, long=True)
+    assert runner.forwards == 1 + 5 and sched.cache.snapshots.count == 0  # prefill + 5 decodes
 
 
 def test_a_chat_resumes_each_turn_where_the_last_one_ended():
