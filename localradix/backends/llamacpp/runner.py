@@ -103,7 +103,7 @@ class LlamaCppRunner(ModelRunner):
             llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model)
         )
         self.verifies = not self.recurrent  # a recurrent state cannot take back rejected drafts
-        self.config = _config(llama, self.model, path)
+        self.config = _config(llama, self.model, path if self.recurrent else None)
         self.weight_bytes = int(llama.llama_model_size(self.model))  # tensor data, as stored
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
@@ -132,8 +132,7 @@ class LlamaCppRunner(ModelRunner):
         self.states: LlamaStates | None = None
         if self.recurrent:
             budget = _snapshot_budget(args.snapshot_mib)
-            self.states = LlamaStates(llama, self.ctx, self._row_of_seq, budget)
-            self.states.bind(self.seqs.seq_of_row.get)
+            self.states = LlamaStates(llama, self.ctx, self.seqs, budget)
             self.snapshots = self.states
         logger.info(
             "llama.cpp: %s, %d threads, %d sequence ids; keeps at most %d idle cached tokens "
@@ -212,9 +211,6 @@ class LlamaCppRunner(ModelRunner):
     def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not self.llama.llama_memory_seq_rm(self.memory, seq, p0, p1):
             raise RuntimeError(f"llama.cpp refused to drop positions [{p0}, {p1}) of {seq}")
-
-    def _row_of_seq(self, seq: int) -> int:
-        return int(self.seqs.row_of[seq])
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -303,13 +299,16 @@ def _new_context(llama: Any, model: Any, params: Any) -> Any:
     return ctx
 
 
-def _config(llama: Any, model: Any, path: Path) -> ModelConfig:
-    """What the engine needs to know of the model, from llama.cpp (any architecture); which
-    layers keep KV (not a hybrid's recurrent ones) from the file's metadata."""
+def _config(llama: Any, model: Any, recurrent_path: Path | None) -> ModelConfig:
+    """What the engine needs to know of the model, from llama.cpp (any architecture); for a
+    model with recurrent layers, which layers keep KV, from the file's metadata (read only
+    then: the header holds the whole vocabulary)."""
     from localradix.loader.gguf_config import gguf_model_config
     from localradix.loader.gguf_file import read_gguf
 
-    kv_layers = gguf_model_config(read_gguf(path, tensors=False).metadata).kv_layers
+    kv_layers = None
+    if recurrent_path is not None:
+        kv_layers = gguf_model_config(read_gguf(recurrent_path, tensors=False).metadata).kv_layers
     vocab = llama.llama_model_get_vocab(model)
     arch = _meta(llama, model, "general.architecture") or "unknown"
     heads = int(llama.llama_model_n_head(model))

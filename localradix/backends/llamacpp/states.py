@@ -21,21 +21,22 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localradix.backends.llamacpp.seq_map import SeqMap
 
 Blob = Any  # a ctypes c_uint8 array holding one sequence's PARTIAL_ONLY state
 SPARE_BLOBS = 8
 
 
 class LlamaStates:
-    def __init__(self, llama: Any, ctx: Any, row_of_seq: Callable[[int], int], budget: int):
-        self.llama, self.ctx = llama, ctx
+    def __init__(self, llama: Any, ctx: Any, seqs: SeqMap, budget: int):
+        self.llama, self.ctx, self.seqs = llama, ctx, seqs  # seqs: which row holds which id
         self.flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         self.budget = budget
-        self._row_of_seq = row_of_seq  # -1 for a sequence no request row holds
-        self._seq_of_row: Callable[[int], int | None] = lambda row: None
         self._blobs: dict[int, Blob] = {}
         self._ids = itertools.count(1)
         self._pending: dict[int, Blob | None] = {}  # row -> state its next step starts from
@@ -43,14 +44,10 @@ class LlamaStates:
         self._spare: list[Blob] = []
         self.empty = self._read(0)  # no sequence has run yet: the state of no tokens
 
-    def bind(self, seq_of_row: Callable[[int], int | None]) -> None:
-        """How to find a row's sequence (SeqMap's `seq_of_row.get`), once the map exists."""
-        self._seq_of_row = seq_of_row
-
     # ---- StateSnapshots --------------------------------------------------------------------
 
     def save(self, row: int) -> tuple[int, int]:
-        seq = self._seq_of_row(row)
+        seq = self.seqs.seq_of_row.get(row)
         if seq is None:
             raise RuntimeError(f"request row {row} has no llama.cpp sequence to snapshot")
         blob = self._read(seq)
@@ -89,7 +86,7 @@ class LlamaStates:
     @contextmanager
     def kept(self, seq: int) -> Iterator[None]:
         """Edit `seq`'s attention cells without changing its recurrent state (see above)."""
-        row = self._row_of_seq(seq)
+        row = int(self.seqs.row_of[seq])  # -1: no request row holds it
         live = row >= 0 and row not in self._pending  # a ghost's or a to-be-restored state: moot
         saved = self._read(seq) if live else None
         self._write(seq, self.empty)
