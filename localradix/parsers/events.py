@@ -106,3 +106,22 @@ def coalesce(events: list[StreamEvent]) -> list[StreamEvent]:
         else:
             out.append(event)
     return out
+
+
+@dataclass(frozen=True)
+class ReasoningContentDelta:
+    """Text for `delta.reasoning_content`."""
+
+    text: str
+
+
+ChatDelta = ReasoningContentDelta | ContentDelta | ToolCallDelta
+
+
+@dataclass(frozen=True)
+class ParsedChatOutput:
+    """A whole output: `reasoning` None when there was no reasoning block."""
+
+    reasoning: str | None
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)

@@ -7,39 +7,31 @@ be absent (None), in which case its part of the output is plain content.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from localradix.parsers.events import (
+    ChatDelta,
     ContentDelta,
     IdFactory,
+    ParsedChatOutput,
+    ReasoningContentDelta,
     StreamEvent,
-    ToolCall,
-    ToolCallDelta,
     coalesce,
 )
 from localradix.parsers.reasoning import ReasoningStreamParser, get_reasoning_parser
-from localradix.parsers.tool_calls import get_tool_parser
+from localradix.parsers.tool_calls import TOOL_PARSERS, get_tool_parser
 from localradix.parsers.tool_stream import ToolCallStreamParser
 
+__all__ = ["ChatDelta", "ChatOutputParser", "ParsedChatOutput", "ReasoningContentDelta"]
 
-@dataclass(frozen=True)
-class ReasoningContentDelta:
-    """Text for `delta.reasoning_content`."""
-
-    text: str
+HARMONY = "harmony"  # gpt-oss: reasoning, calls and answer are one format, read by one parser
 
 
-ChatDelta = ReasoningContentDelta | ContentDelta | ToolCallDelta
-
-
-@dataclass(frozen=True)
-class ParsedChatOutput:
-    """A whole output: `reasoning` None when there was no reasoning block."""
-
-    reasoning: str | None
-    content: str
-    calls: list[ToolCall] = field(default_factory=list)
+def _is_harmony(tool_parser: str | None, reasoning_parser: str | None) -> bool:
+    return reasoning_parser == HARMONY or (
+        tool_parser is not None and TOOL_PARSERS.canonical(tool_parser) == HARMONY
+    )
 
 
 class ChatOutputParser:
@@ -61,22 +53,39 @@ class ChatOutputParser:
         tool_names: Collection[str] | None = None,
         id_factory: IdFactory | None = None,
         complete_calls: bool = False,
+        tool_schemas: Mapping[str, Any] | None = None,
     ) -> None:
         self._reasoning: ReasoningStreamParser | None = None
+        self._tools: ToolCallStreamParser | None = None
+        self._harmony: Any = None
+        if _is_harmony(tool_parser, reasoning_parser):
+            from localradix.parsers.harmony import HarmonyStreamParser
+
+            self._harmony = HarmonyStreamParser(
+                tool_names if tool_parser else (),
+                id_factory,
+                complete_calls=complete_calls,
+            )
+            return
         if reasoning_parser is not None:
             self._reasoning = get_reasoning_parser(reasoning_parser).parser(starts_in_reasoning)
-        self._tools: ToolCallStreamParser | None = None
         if tool_parser is not None:
             cls = get_tool_parser(tool_parser)
-            self._tools = cls(tool_names, id_factory, complete_calls=complete_calls)
+            self._tools = cls(
+                tool_names, id_factory, complete_calls=complete_calls, tool_schemas=tool_schemas
+            )
 
     def feed(self, text: str) -> list[ChatDelta]:
+        if self._harmony is not None:
+            return list(self._harmony.feed(text))
         if self._reasoning is None:
             return self._answer(text, final=False)
         reasoning, content = self._reasoning.feed(text)
         return self._merge(reasoning, self._answer(content, final=False))
 
     def finish(self) -> list[ChatDelta]:
+        if self._harmony is not None:
+            return list(self._harmony.finish())
         if self._reasoning is None:
             return self._answer("", final=True)
         reasoning, content = self._reasoning.finish()
@@ -104,14 +113,20 @@ def parse_chat_output(
     tool_names: Collection[str] | None = None,
     id_factory: IdFactory | None = None,
     complete_calls: bool = False,
+    tool_schemas: Mapping[str, Any] | None = None,
 ) -> ParsedChatOutput:
     """The non-streamed counterpart of `ChatOutputParser`. Never raises on model output."""
+    if _is_harmony(tool_parser, reasoning_parser):
+        from localradix.parsers.harmony import parse_harmony
+
+        names = tool_names if tool_parser else ()
+        return parse_harmony(text, names, id_factory, complete_calls=complete_calls)
     reasoning, content = None, text
     if reasoning_parser is not None:
         reasoning, content = get_reasoning_parser(reasoning_parser).split(text, starts_in_reasoning)
     if tool_parser is None:
         return ParsedChatOutput(reasoning, content)
     parsed = get_tool_parser(tool_parser).parse(
-        content, tool_names, id_factory, complete_calls=complete_calls
+        content, tool_names, id_factory, complete_calls=complete_calls, tool_schemas=tool_schemas
     )
     return ParsedChatOutput(reasoning, parsed.content, parsed.calls)

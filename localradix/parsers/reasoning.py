@@ -148,6 +148,17 @@ REASONING_PARSERS: dict[str, ReasoningDialect] = {
     "qwen3": ReasoningDialect("qwen3", "<think>", "</think>"),
     # Magistral / Mistral reasoning models: control tokens, visible only with special tokens kept.
     "magistral": ReasoningDialect("magistral", "[THINK]", "[/THINK]"),
+    # Gemma 4: a "thought" channel; with thinking off the template writes an empty one.
+    "gemma4": ReasoningDialect("gemma4", "<|channel>thought", "<channel|>"),
+    # gpt-oss: reasoning is harmony's analysis channel, read by the harmony parser with the
+    # calls and the answer (see `parsers.harmony`); these tags are only its prompt check.
+    "harmony": ReasoningDialect("harmony", "<|channel|>analysis<|message|>", "<|end|>"),
+}
+
+# Reasoning dialects whose markers are special tokens the detokenizer must keep.
+SPECIAL_MARKERS: dict[str, tuple[str, ...]] = {
+    "magistral": ("[THINK]", "[/THINK]"),
+    "gemma4": ("<|channel>", "<channel|>"),
 }
 
 
@@ -159,10 +170,15 @@ def get_reasoning_parser(name: str) -> ReasoningDialect:
 
 
 def detect_reasoning_parser(chat_template: str | None) -> str | None:
-    """`[THINK]` -> magistral; `</think>` -> deepseek-r1 when the template is DeepSeek's
+    """harmony's `<|channel|>` messages -> harmony; Gemma 4's thought channel -> gemma4;
+    `[THINK]` -> magistral; `</think>` -> deepseek-r1 when the template is DeepSeek's
     (its `<｜Assistant｜>` marker), else qwen3; otherwise None."""
     if not chat_template:
         return None
+    if "<|channel|>" in chat_template and "<|message|>" in chat_template:
+        return "harmony"
+    if "<|channel>thought" in chat_template:
+        return "gemma4"
     if "[THINK]" in chat_template:
         return "magistral"
     if "</think>" in chat_template:

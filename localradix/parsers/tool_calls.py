@@ -41,8 +41,34 @@ TOOL_PARSERS: Registry[type[ToolCallStreamParser]] = Registry(
         "mistral": "localradix.parsers.mistral:MistralToolParser",
         "mistral-v11": "localradix.parsers.mistral:MistralToolParser",
         "pythonic": "localradix.parsers.pythonic:PythonicToolParser",
+        "qwen3-coder": "localradix.parsers.qwen3_coder:Qwen3CoderToolParser",
+        "glm45": "localradix.parsers.glm:Glm45ToolParser",
+        "minimax-m2": "localradix.parsers.minimax:MiniMaxM2ToolParser",
+        "deepseek-v3.1": "localradix.parsers.deepseek:DeepSeekV31ToolParser",
+        "deepseek-v3.2": "localradix.parsers.deepseek:DeepSeekV32ToolParser",
+        "kimi-k2": "localradix.parsers.kimi:KimiK2ToolParser",
+        "gemma4": "localradix.parsers.gemma4:Gemma4ToolParser",
+        "granite": "localradix.parsers.granite:GraniteToolParser",
+        "harmony": "localradix.parsers.harmony:HarmonyToolParser",
+        "generic": "localradix.parsers.generic:GenericToolParser",
     },
-    aliases={"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "llama": "llama3"},
+    aliases={
+        "qwen": "hermes",
+        "qwen2.5": "hermes",
+        "qwen3": "hermes",
+        "llama": "llama3",
+        "qwen3.5": "qwen3-coder",
+        "qwen3.6": "qwen3-coder",
+        "nemotron": "qwen3-coder",
+        "glm4.5": "glm45",
+        "glm4.6": "glm45",
+        "glm4.7": "glm45",
+        "minimax": "minimax-m2",
+        "deepseek": "deepseek-v3.1",
+        "kimi": "kimi-k2",
+        "gpt-oss": "harmony",
+        "granite4": "hermes",
+    },
 )
 
 
@@ -52,21 +78,39 @@ def get_tool_parser(name: str) -> type[ToolCallStreamParser]:
     return TOOL_PARSERS.load(name)
 
 
+# (dialect, markers its chat template writes), most specific first.
+_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harmony", ("<|channel|>", "<|message|>")),
+    ("gemma4", ("<|tool_call>", "call:")),
+    ("deepseek-v3.2", ("DSML", "invoke")),
+    ("deepseek-v3.1", ("<｜tool▁calls▁begin｜>",)),
+    ("kimi-k2", ("<|tool_calls_section_begin|>",)),
+    ("minimax-m2", ("<minimax:tool_call>", "<invoke name=")),
+    ("glm45", ("<arg_key>", "<arg_value>")),
+    ("qwen3-coder", ("<function=", "<parameter=")),
+    ("granite", ("<|tool_call|>",)),
+)
+
+
 def detect_tool_parser(chat_template: str | None) -> str | None:
     """Guess the dialect from the markers a chat template writes (None: no tool support seen).
 
-    In order: `[TOOL_CALLS]` -> mistral ("mistral-v11" when the template also writes `[ARGS]`);
-    Qwen3-Coder's XML calls (`<function=` with `<parameter=`) -> None (not supported);
-    `<tool_call>` -> hermes; `<|python_start|>` or a pythonic instruction
-    (`[func_name1(`) -> pythonic; `<|python_tag|>` or an `ipython` role header -> llama3.
+    The markers are checked most specific first: a template's own call syntax (harmony's
+    `<|channel|>` messages, Gemma 4's `<|tool_call>`, DeepSeek's and Kimi's call tokens, MiniMax's
+    `<minimax:tool_call>`, GLM's `<arg_key>`, Qwen3-Coder's `<function=` + `<parameter=`,
+    Granite 3's `<|tool_call|>`) before the generic `<tool_call>` of hermes; then
+    `[TOOL_CALLS]` -> mistral ("mistral-v11" when the template also writes `[ARGS]`);
+    `<|python_start|>` or a pythonic instruction (`[func_name1(`) -> pythonic; `<|python_tag|>`
+    or an `ipython` role header -> llama3.
     """
     if not chat_template:
         return None
     text = chat_template
+    for dialect, needles in _SIGNATURES:
+        if all(needle in text for needle in needles):
+            return dialect
     if "[TOOL_CALLS]" in text:
         return "mistral-v11" if "[ARGS]" in text else "mistral"
-    if "<function=" in text and "<parameter=" in text:
-        return None
     if "<tool_call>" in text:
         return "hermes"
     if "<|python_start|>" in text or "[func_name1(" in text:

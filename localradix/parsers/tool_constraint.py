@@ -26,10 +26,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localradix.parsers.reasoning import get_reasoning_parser
-from localradix.parsers.tool_calls import TOOL_PARSERS
+from localradix.parsers.structural_tag import (
+    ArgsFormat,
+    Format,
+    Function,
+    const,
+    either,
+    joined,
+    optional,
+    seq,
+)
+from localradix.parsers.tool_calls import TOOL_PARSERS, get_tool_parser
 from localradix.sampling_params import Constraint
 
-Format = dict[str, Any]
+FormatBuilder = Callable[[list[Function], bool, ArgsFormat], Format]
 
 # Longest whitespace run allowed between JSON tokens: room for pretty-printed arguments, but no
 # endless newlines from a small model that the grammar would otherwise let through.
@@ -65,19 +75,15 @@ def tool_call_constraint(
         chosen, many = functions, parallel
     else:
         chosen, many = [_named(functions, tool_choice)], False
-    dialect = TOOL_PARSERS.aliases.get(dialect, dialect)
-    if dialect not in _DIALECTS:
-        raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
-    args = _ArgsFormat(max_whitespace)
-    fmt = _seq(_DIALECTS[dialect](chosen, many, args), _optional(_const("\n")))  # then EOS
+    build = _format_builder(dialect)
+    args = ArgsFormat(max_whitespace)
+    fmt = seq(build(chosen, many, args), optional(const("\n")))  # then EOS
     if reasoning is not None:
-        fmt = _seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
+        fmt = seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
 
 # ---- tools and choice ------------------------------------------------------------------------
-
-Function = tuple[str, dict[str, Any]]  # (name, parameters schema)
 
 
 def _functions(tools: Sequence[dict[str, Any]] | None) -> list[Function]:
@@ -114,120 +120,100 @@ def _named(functions: list[Function], tool_choice: str | dict[str, Any]) -> Func
     raise ToolChoiceError(f"tool_choice names the function {name!r}, which is not in tools")
 
 
-# ---- structural-tag building blocks ----------------------------------------------------------
-
-
-def _const(text: str) -> Format:
-    return {"type": "const_string", "value": text}
-
-
-def _seq(*elements: Format) -> Format:
-    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": list(elements)}
-
-
-def _or(elements: list[Format]) -> Format:
-    return elements[0] if len(elements) == 1 else {"type": "or", "elements": elements}
-
-
-def _optional(content: Format) -> Format:
-    return {"type": "optional", "content": content}
-
-
-def _joined(item: Format, separator: str, many: bool) -> Format:
-    """`item`, or with `many` one or more of it joined by `separator`."""
-    if not many:
-        return item
-    rest = _seq(_const(separator), item) if separator else item
-    return _seq(item, {"type": "star", "content": rest})
-
-
-class _ArgsFormat:
-    def __init__(self, max_whitespace: int | None) -> None:
-        self._max_whitespace = max_whitespace
-
-    def __call__(self, schema: dict[str, Any] | bool) -> Format:
-        fmt: Format = {"type": "json_schema", "json_schema": schema}
-        if self._max_whitespace is not None:
-            fmt["max_whitespace_cnt"] = self._max_whitespace
-        return fmt
-
-
 # ---- dialects --------------------------------------------------------------------------------
 
 
-def _hermes(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+def _hermes(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
     calls = [
-        _seq(
-            _const(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '),
+        seq(
+            const(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '),
             args(schema),
-            _const("}\n</tool_call>"),
+            const("}\n</tool_call>"),
         )
         for name, schema in functions
     ]
-    return _joined(_or(calls), "\n", many)
+    return joined(either(calls), "\n", many)
 
 
-def _llama3(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+def _llama3(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
     calls = [
-        _seq(_const(f'{{"name": {json.dumps(name)}, "parameters": '), args(schema), _const("}"))
+        seq(const(f'{{"name": {json.dumps(name)}, "parameters": '), args(schema), const("}"))
         for name, schema in functions
     ]
-    return _joined(_or(calls), "; ", many)
+    return joined(either(calls), "; ", many)
 
 
-def _mistral(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+def _mistral(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
     calls = [
-        _seq(_const(f'{{"name": {json.dumps(name)}, "arguments": '), args(schema), _const("}"))
+        seq(const(f'{{"name": {json.dumps(name)}, "arguments": '), args(schema), const("}"))
         for name, schema in functions
     ]
-    return _seq(_const("[TOOL_CALLS]["), _joined(_or(calls), ", ", many), _const("]"))
+    return seq(const("[TOOL_CALLS]["), joined(either(calls), ", ", many), const("]"))
 
 
-def _mistral_v11(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
-    calls = [_seq(_const(f"[TOOL_CALLS]{name}[ARGS]"), args(schema)) for name, schema in functions]
-    return _joined(_or(calls), "", many)
+def _mistral_v11(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
+    calls = [seq(const(f"[TOOL_CALLS]{name}[ARGS]"), args(schema)) for name, schema in functions]
+    return joined(either(calls), "", many)
 
 
-def _pythonic(functions: list[Function], many: bool, args: _ArgsFormat) -> Format:
+def _pythonic(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
     calls = [_python_call(name, schema, args) for name, schema in functions]
-    return _seq(_const("["), _joined(_or(calls), ", ", many), _const("]"))
+    return seq(const("["), joined(either(calls), ", ", many), const("]"))
 
 
-def _python_call(name: str, schema: dict[str, Any], args: _ArgsFormat) -> Format:
+def _python_call(name: str, schema: dict[str, Any], args: ArgsFormat) -> Format:
     properties = schema.get("properties") or {}
     if not isinstance(properties, dict) or not all(k.isidentifier() for k in properties):
         raise ToolChoiceError(f"the parameters of {name!r} cannot be Python keyword arguments")
     if not properties:
-        return _const(f"{name}()")
+        return const(f"{name}()")
     defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     required = [k for k in properties if k in set(schema.get("required") or ())]
-    optional = [k for k in properties if k not in required]
+    optional_keys = [k for k in properties if k not in required]
 
     def keyword(key: str) -> Format:
         sub = properties[key]
         sub = {**defs, **sub} if isinstance(sub, dict) else sub
-        return _seq(_const(f"{key}="), args(sub))
+        return seq(const(f"{key}="), args(sub))
 
     def after(keys: list[str]) -> list[Format]:
-        return [_optional(_seq(_const(", "), keyword(k))) for k in keys]
+        return [optional(seq(const(", "), keyword(k))) for k in keys]
 
     if required:
         first = [keyword(required[0])]
-        rest = [_seq(_const(", "), keyword(k)) for k in required[1:]]
-        body = _seq(*first, *rest, *after(optional))
+        rest = [seq(const(", "), keyword(k)) for k in required[1:]]
+        body = seq(*first, *rest, *after(optional_keys))
     else:  # the first optional keyword present carries no comma
-        starts = [_seq(keyword(k), *after(optional[i + 1 :])) for i, k in enumerate(optional)]
-        body = _optional(_or(starts))
-    return _seq(_const(f"{name}("), body, _const(")"))
+        starts = [
+            seq(keyword(k), *after(optional_keys[i + 1 :])) for i, k in enumerate(optional_keys)
+        ]
+        body = optional(either(starts))
+    return seq(const(f"{name}("), body, const(")"))
 
 
-_DIALECTS: dict[str, Callable[[list[Function], bool, _ArgsFormat], Format]] = {
+_DIALECTS: dict[str, FormatBuilder] = {
     "hermes": _hermes,
     "llama3": _llama3,
     "mistral": _mistral,
     "mistral-v11": _mistral_v11,
     "pythonic": _pythonic,
 }
+
+
+def _format_builder(dialect: str) -> FormatBuilder:
+    """The dialect's wire format for forced calls: the table above, or its parser class's
+    `forced_format` static method (the dialects that live in their own module)."""
+    dialect = TOOL_PARSERS.aliases.get(dialect, dialect)
+    if dialect in _DIALECTS:
+        return _DIALECTS[dialect]
+    build = (
+        getattr(get_tool_parser(dialect), "forced_format", None)
+        if dialect in TOOL_PARSERS
+        else None
+    )
+    if build is None:
+        raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
+    return build  # type: ignore[no-any-return]
 
 
 def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
@@ -241,5 +227,5 @@ def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
         "content": {"type": "any_text"},
         "end": dialect.end,
     }
-    block = _seq(block, {"type": "regex", "pattern": r"[ \n]{0,4}"})
-    return block if starts_in_reasoning else _optional(block)
+    block = seq(block, {"type": "regex", "pattern": r"[ \n]{0,4}"})
+    return block if starts_in_reasoning else optional(block)

@@ -24,8 +24,9 @@ neither a call nor content, in the stream and in `parse()` alike, so the two alw
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from localradix.held_text import held_suffix_len
 from localradix.parsers.call_object import CallObject
@@ -61,10 +62,15 @@ class ToolCallStreamParser:
 
     `tool_names`, when given, are the only names accepted as calls (others stay content).
     `complete_calls`: send only complete calls, each in one delta; drop the others (see above).
+    `tool_schemas`: each function's `parameters` JSON schema, for dialects whose arguments are
+    untyped text (XML parameters) and are typed by the schema.
     """
 
     name = ""
     markers: tuple[str, ...] = ()  # open a region anywhere in the content
+    # Marker texts that are special tokens in the models of this dialect: the detokenizer keeps
+    # them in the text (with skip_special_tokens) so that the parser can see them.
+    special_markers: tuple[str, ...] = ()
     default_id_factory: IdFactory = staticmethod(new_call_id)
 
     def __init__(
@@ -73,8 +79,10 @@ class ToolCallStreamParser:
         id_factory: IdFactory | None = None,
         *,
         complete_calls: bool = False,
+        tool_schemas: Mapping[str, Any] | None = None,
     ) -> None:
         self._tool_names = frozenset(tool_names) if tool_names is not None else None
+        self._tool_schemas: Mapping[str, Any] = tool_schemas or {}
         self._new_id = id_factory or type(self).default_id_factory
         self._complete_calls = complete_calls
         self._held: list[StreamEvent] = []  # with complete_calls: the open call's deltas
@@ -114,9 +122,12 @@ class ToolCallStreamParser:
         id_factory: IdFactory | None = None,
         *,
         complete_calls: bool = False,
+        tool_schemas: Mapping[str, Any] | None = None,
     ) -> ParsedToolCalls:
         """A whole output: its content and its well-formed calls. Never raises."""
-        parser = cls(tool_names, id_factory, complete_calls=complete_calls)
+        parser = cls(
+            tool_names, id_factory, complete_calls=complete_calls, tool_schemas=tool_schemas
+        )
         parser._buf = text
         parser._finished = True
         parser._run(final=True)

@@ -1,0 +1,86 @@
+"""Dialects whose calls sit in a delimited block that is read whole: the base of the XML and
+special-token formats (Qwen3-Coder, GLM, MiniMax, DeepSeek, Kimi, Gemma 4, ...).
+
+A block opens at one of `markers` and closes at `end`. Until `end` arrives the block is held;
+then `read_calls(body)` turns its text into calls. A block that does not read as calls goes back
+to content, marker and all (never lost, never half a call). A block the output cuts off before
+its `end` is dropped with `complete_calls` (what the server uses), else it stays content. The
+whole call is sent in one delta once its block is complete: these formats have no JSON prefix
+that could be streamed argument by argument.
+
+Values of XML-style parameters are text; `param_value` types them by the function's JSON
+schema (`tool_schemas`), as the templates that write them do: strings raw, the rest as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from localradix.parsers.tool_stream import Region, ToolCallStreamParser
+
+Call = tuple[str, Any]  # (name, arguments: a JSON-able object, or JSON text)
+
+
+class BlockToolParser(ToolCallStreamParser):
+    end = ""  # closes a block
+
+    def read_calls(self, body: str) -> list[Call] | None:
+        """The calls one block's text (between its marker and `end`) holds, in order; None
+        when it is not a well-formed block of calls."""
+        raise NotImplementedError
+
+    def _region_step(self, region: Region, final: bool) -> bool:
+        index = self._buf.find(self.end)
+        if index == -1:
+            return False  # at the end of output the base drops (or restores) the open block
+        calls = self.read_calls(self._buf[:index])
+        if not calls or not all(self._allowed(name) for name, _ in calls):
+            return self._reject_call(region)
+        self._take(region, index + len(self.end))
+        for name, arguments in calls:
+            call = self._commit(region, name)
+            assert call is not None  # every name was checked above
+            self._send_args(call, arguments_text(arguments))
+            self._call_done(region)
+        return self._close(region, ok=True)
+
+    def _allowed(self, name: str) -> bool:
+        return bool(name) and (self._tool_names is None or name in self._tool_names)
+
+    def _schema(self, function: str, parameter: str) -> Any:
+        """The JSON schema of `function`'s `parameter` (None when unknown)."""
+        properties = (self._tool_schemas.get(function) or {}).get("properties")
+        return properties.get(parameter) if isinstance(properties, dict) else None
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as the JSON text OpenAI's `function.arguments` carries."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def param_value(text: str, schema: Any) -> Any:
+    """An XML-style parameter's text as the value its schema asks for: strings stay text,
+    anything else is read as JSON (or Python's True/False/None, which Jinja's `string` filter
+    writes); what does not parse stays text."""
+    if _wants_string(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _PYTHON_LITERALS.get(text.strip(), text)
+
+
+_PYTHON_LITERALS: Mapping[str, Any] = {"True": True, "False": False, "None": None}
+
+
+def _wants_string(schema: Any) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and kind and kind[0] == "string"):
+        return True
+    return "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or [None])
