@@ -47,6 +47,9 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None  # None = off; k >= 0 = chosen token plus top-k alternatives
     skip_special_tokens: bool = True
+    # Special tokens shown even with skip_special_tokens: the markers of the output parsers
+    # (harmony's <|channel|>, DeepSeek's call tokens, ...), which must reach them as text.
+    kept_special_ids: tuple[int, ...] = ()
     constraint: Constraint | None = None
     speculative: bool = True  # False: never speculate for this request (--speculative is on)
 

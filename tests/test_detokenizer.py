@@ -159,3 +159,38 @@ def test_property_stream_equals_full_decode_cut_at_stop(text, chunk, stop):
     expected = full[: full.find(stop)] if stop and stop in full else full
     got = "".join(stream(tok, ids, chunk, stop=(stop,) if stop else ()))
     assert got == expected
+
+
+@functools.lru_cache(maxsize=1)
+def bpe_with_markers() -> _HFAdapter:
+    """small_bpe's vocabulary plus two special tokens an output parser reads (harmony-like)."""
+    from tokenizers import AddedToken
+
+    adapter = small_bpe()
+    adapter.backend.add_special_tokens([AddedToken("<|channel|>", special=True)])
+    adapter.backend.add_special_tokens([AddedToken("<|other|>", special=True)])
+    return adapter
+
+
+@given(chunk=st.integers(1, 5))
+@settings(max_examples=20, deadline=None)
+def test_kept_special_ids_stay_in_the_text_and_others_are_skipped(chunk: int) -> None:
+    tok = bpe_with_markers()
+    channel, other = tok.backend.token_to_id("<|channel|>"), tok.backend.token_to_id("<|other|>")
+    ids = [
+        channel,
+        *tok.encode("analysis"),
+        other,
+        *tok.encode("Hello 👋🏽 world"),
+        channel,
+        channel,
+        *tok.encode("final"),
+        tok.eos_token_ids[0],
+    ]
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=True, kept_special_ids=[channel])
+    out = "".join(detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk))
+    out += detok.finish()
+    assert out == "<|channel|>analysisHello 👋🏽 world<|channel|><|channel|>final"
+    # Without skipping, every special token shows, the kept ones included.
+    everything = IncrementalDetokenizer(tok, skip_special_tokens=False, kept_special_ids=[channel])
+    assert everything.add(ids) + everything.finish() == tok.decode(ids, skip_special_tokens=False)

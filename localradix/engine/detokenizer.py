@@ -6,6 +6,9 @@ vLLM and SGLang: decoding the window with a little left context keeps tokenizers
 leading space (SentencePiece) right, and a window that ends in U+FFFD is an incomplete UTF-8
 character, held back until the next ids complete it.
 
+Special tokens are skipped or kept as `skip_special_tokens` says, except `kept_special_ids`,
+always kept: the markers the output parsers read (the window is decoded in runs between them).
+
 Stop strings: text that could still become a stop string is held back until it is decided, and
 the text is cut where a stop string starts, so a stream never shows (part of) a stop string.
 """
@@ -31,9 +34,11 @@ class IncrementalDetokenizer:
         tokenizer: Decoder,
         skip_special_tokens: bool = True,
         stop: Iterable[str] = (),
+        kept_special_ids: Iterable[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.kept = frozenset(kept_special_ids) if skip_special_tokens else frozenset()
         self.stop = tuple(s for s in stop if s)
         self.ids: list[int] = []
         self.text = ""  # all decoded text so far (may end in held-back stop-string prefixes)
@@ -67,7 +72,17 @@ class IncrementalDetokenizer:
     # ---- internals -----------------------------------------------------------------------
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        if not self.kept.intersection(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        parts: list[str] = []
+        start = 0
+        for i, token in enumerate(ids):
+            if token in self.kept:
+                parts.append(self.tokenizer.decode(ids[start:i], skip_special_tokens=True))
+                parts.append(self.tokenizer.decode([token], skip_special_tokens=False))
+                start = i + 1
+        parts.append(self.tokenizer.decode(ids[start:], skip_special_tokens=True))
+        return "".join(parts)
 
     def _decode_window(self, final: bool) -> None:
         if self._read_offset == len(self.ids):

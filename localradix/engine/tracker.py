@@ -106,7 +106,9 @@ class RequestTracker:
                 p * params.n + i,
                 f"{rid}-{p * params.n + i}",
                 p,
-                IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop),
+                IncrementalDetokenizer(
+                    tokenizer, params.skip_special_tokens, params.stop, params.kept_special_ids
+                ),
             )
             for p in range(len(prompts))
             for i in range(params.n)

@@ -19,7 +19,11 @@ from localradix.parsers.events import (
     StreamEvent,
     coalesce,
 )
-from localradix.parsers.reasoning import ReasoningStreamParser, get_reasoning_parser
+from localradix.parsers.reasoning import (
+    SPECIAL_MARKERS,
+    ReasoningStreamParser,
+    get_reasoning_parser,
+)
 from localradix.parsers.tool_calls import TOOL_PARSERS, get_tool_parser
 from localradix.parsers.tool_stream import ToolCallStreamParser
 
@@ -32,6 +36,19 @@ def _is_harmony(tool_parser: str | None, reasoning_parser: str | None) -> bool:
     return reasoning_parser == HARMONY or (
         tool_parser is not None and TOOL_PARSERS.canonical(tool_parser) == HARMONY
     )
+
+
+def special_markers(tool_parser: str | None, reasoning_parser: str | None) -> tuple[str, ...]:
+    """The marker texts these parsers read that are special tokens in their models: the
+    detokenizer must keep them (see SamplingParams.kept_special_ids)."""
+    markers: list[str] = []
+    if tool_parser is not None:
+        markers += get_tool_parser(tool_parser).special_markers
+    if _is_harmony(tool_parser, reasoning_parser):
+        markers += get_tool_parser(HARMONY).special_markers
+    if reasoning_parser is not None:
+        markers += SPECIAL_MARKERS.get(reasoning_parser, ())
+    return tuple(dict.fromkeys(markers))
 
 
 class ChatOutputParser:

@@ -24,6 +24,7 @@ from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
 from localradix.messages import AbortRequest, CachePin, Embed, ErrorCode, RequestOutput
+from localradix.parsers.output_parser import special_markers
 from localradix.resolve import reasoning_parser_for, tool_parser_for
 from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
@@ -178,6 +179,11 @@ class TokenizerManager:
         template = getattr(tokenizer, "chat_template", None)
         self.tool_parser = tool_parser_for(args.tool_call_parser, template)
         self.reasoning_parser = reasoning_parser_for(args.reasoning_parser, template)
+        if self.reasoning_parser is None and self.tool_parser in ("harmony", "gpt-oss"):
+            # harmony's channels are the whole output format: unparsed, every answer would
+            # arrive wrapped in <|channel|> markup, so its parser reads every response.
+            self.reasoning_parser = "harmony"
+        self._kept_ids: dict[tuple[str | None, str | None], tuple[int, ...]] = {}
 
     @functools.cached_property
     def prompt_lead(self) -> list[int]:
@@ -254,6 +260,26 @@ class TokenizerManager:
         job._unfinished = len(job.choices)
         self.in_flight += len(job.choices)
         return job
+
+    def kept_special_ids(
+        self, tool_parser: str | None, reasoning_parser: str | None
+    ) -> tuple[int, ...]:
+        """The special tokens these output parsers read as text (their markers): the
+        detokenizer keeps them even with skip_special_tokens. A marker that is no single
+        special token of this vocabulary is text already and needs nothing."""
+        key = (tool_parser, reasoning_parser)
+        if key not in self._kept_ids:
+            markers = special_markers(tool_parser, reasoning_parser)
+            self._kept_ids[key] = tuple(
+                i for m in markers if (i := self._special_id(m)) is not None
+            )
+        return self._kept_ids[key]
+
+    def _special_id(self, marker: str) -> int | None:
+        token_id = self.tokenizer.token_to_id(marker)
+        if token_id is None or self.tokenizer.decode([token_id], skip_special_tokens=True):
+            return None  # not one token, or one that decoding shows anyway
+        return int(token_id)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

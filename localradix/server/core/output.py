@@ -27,6 +27,7 @@ class ChatOutputSpec:
     reasoning_parser: str | None = None
     starts_in_reasoning: bool | None = None
     tool_names: tuple[str, ...] | None = None
+    tool_schemas: dict[str, Any] | None = None  # name -> parameters: types XML-style values
 
     # Calls are sent whole once complete, and a call the output cuts off (max_tokens) is
     # dropped, never shown as content or as a call with broken arguments.
@@ -37,6 +38,7 @@ class ChatOutputSpec:
             starts_in_reasoning=self.starts_in_reasoning,
             tool_names=self.tool_names,
             complete_calls=True,
+            tool_schemas=self.tool_schemas,
         )
 
     def parse(self, text: str) -> ParsedChatOutput:
@@ -49,6 +51,7 @@ class ChatOutputSpec:
             starts_in_reasoning=self.starts_in_reasoning,
             tool_names=self.tool_names,
             complete_calls=True,
+            tool_schemas=self.tool_schemas,
         )
 
 
@@ -101,4 +104,11 @@ def tool_setup(
             raise bad_request(str(exc), "tool_choice") from None
         dialect = manager.tool_parser
     names = tuple(t.function.name for t in req.tools or ()) if dialect else None
-    return ChatOutputSpec(dialect, reasoning, starts, names), constraint
+    schemas = {t["function"]["name"]: t["function"].get("parameters") for t in _functions(tools)}
+    return ChatOutputSpec(
+        dialect, reasoning, starts, names, schemas if dialect else None
+    ), constraint
+
+
+def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [t for t in tools or () if isinstance(t.get("function"), dict)]
