@@ -196,8 +196,10 @@ class ServerArgs:
     )
     tool_call_parser: str = _opt(
         "tool-call dialect for chat requests with tools: auto (detect from the chat template; "
-        "hermes when nothing is detected), none (never parse tool calls), hermes, llama3, "
-        "mistral, mistral-v11, pythonic",
+        "generic, tools injected into the prompt, when the template renders no tools), none "
+        "(never parse tool calls), hermes, llama3, mistral, mistral-v11, pythonic, "
+        "qwen3-coder, glm45, minimax-m2, deepseek-v3.1, deepseek-v3.2, kimi-k2, gemma4, "
+        "granite, harmony, generic",
         default="auto",
     )
     keep_billing_header: bool = _opt(
@@ -206,9 +208,15 @@ class ServerArgs:
         "changes every request, so the system prompt and tools after it would never be cached)",
         default=False,
     )
+    chat_template: str | None = _opt(
+        "a Jinja chat template file that replaces the model's own (e.g. a family's newer "
+        "template with tool support); its tool-call and reasoning formats are detected from it",
+        default=None,
+    )
     reasoning_parser: str | None = _opt(
         "split the model's reasoning into reasoning_content: auto (detect from the chat "
-        "template), deepseek-r1, qwen3, magistral (off unless given)",
+        "template), deepseek-r1, qwen3, magistral, gemma4, harmony (off unless given; "
+        "gpt-oss's harmony format is always read)",
         default=None,
     )
     # Replicas behind the smg gateway (localradix.fleet)

@@ -80,6 +80,8 @@ def check_serve_args(args: ServerArgs) -> str | None:
     problem = check_pool_args(args)
     if problem:
         return problem
+    if args.chat_template and not os.path.isfile(args.chat_template):
+        return f"--chat-template {args.chat_template}: no such file (give a .jinja template file)"
     try:
         resolve_api_key(args)
     except ApiKeyError as exc:

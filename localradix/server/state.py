@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -44,7 +45,10 @@ PREVIEW_KEYS = {
 def default_tokenizer(args: ServerArgs) -> Any:
     from localradix.loader.tokenizer import load_tokenizer
 
-    return load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model)
+    if args.chat_template:
+        tokenizer.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
+    return tokenizer
 
 
 class ServerState:
