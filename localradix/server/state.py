@@ -104,7 +104,13 @@ class ServerState:
         resident.manager = TokenizerManager(resident.client, tokenizer, args, self.metrics)
         resident.manager.names = resident.names  # the names the pool routes here
         resident.display = info["name"]
-        logger.info("loaded '%s'", info["name"])
+        manager = resident.manager
+        logger.info(
+            "loaded '%s' (tool-call parser: %s, reasoning parser: %s)",
+            info["name"],
+            manager.tool_parser or "none",
+            manager.reasoning_parser or "none",
+        )
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
