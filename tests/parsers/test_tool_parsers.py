@@ -411,7 +411,7 @@ PLAIN = "{% for message in messages %}<|im_start|>{{ message.role }}\\n{{ messag
     ("template", "expected"),
     [
         (QWEN25, "hermes"),
-        (QWEN3_CODER, None),
+        (QWEN3_CODER, "qwen3-coder"),
         (LLAMA31, "llama3"),
         (LLAMA32, "llama3"),
         (LLAMA32_PYTHONIC, "pythonic"),
