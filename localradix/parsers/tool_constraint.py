@@ -16,7 +16,8 @@ dialect (NAME is JSON-escaped):
   schema's order; values are JSON (the parser reads true/false/null too)
 
 With `reasoning` (a reasoning dialect name) the calls may follow a reasoning block, required
-when the prompt already opened it (`starts_in_reasoning`), optional otherwise.
+when the prompt already opened it (`starts_in_reasoning`), optional otherwise. harmony's format
+(gpt-oss) carries its own optional analysis message instead (see `parsers.harmony`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def tool_call_constraint(
     build = _format_builder(dialect)
     args = ArgsFormat(max_whitespace)
     fmt = seq(build(chosen, many, args), optional(const("\n")))  # then EOS
-    if reasoning is not None:
+    if reasoning is not None and not _owns_reasoning(dialect):
         fmt = seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
@@ -213,7 +214,13 @@ def _format_builder(dialect: str) -> FormatBuilder:
     )
     if build is None:
         raise ToolChoiceError(f"no tool-call grammar for the dialect {dialect!r}")
-    return build  # type: ignore[no-any-return]
+    return build
+
+
+def _owns_reasoning(dialect: str) -> bool:
+    """harmony's reasoning is an analysis message followed by `<|start|>assistant`, not a block
+    the generic prefix fits: its `forced_format` writes that prefix itself."""
+    return TOOL_PARSERS.aliases.get(dialect, dialect) == "harmony"
 
 
 def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
