@@ -134,14 +134,21 @@ def overlap_wanted(mode: str, device: str) -> bool:
     return mode == "on" or (mode == AUTO and device.split(":")[0] in OVERLAP_DEVICE_TYPES)
 
 
-def tool_parser_for(setting: str, chat_template: str | None) -> str | None:
+def tool_parser_for(
+    setting: str, chat_template: str | None, renders_tools: bool = True
+) -> str | None:
     """`--tool-call-parser`: auto detects the dialect from the chat template (hermes when none
-    is seen); "none" is None; a name must be known (UnknownName lists the dialects)."""
+    is seen), or is "generic" when the template does not write the tools it is given
+    (`renders_tools`, probed by loader/tool_prompt): the server then writes them itself, in
+    the format the generic parser reads. "none" is None; a name must be known (UnknownName
+    lists the dialects)."""
     from localradix.parsers.tool_calls import detect_tool_parser, get_tool_parser
 
     if setting == "none":
         return None
     if setting == AUTO:
+        if not renders_tools:  # even where a dialect shows: the model would not see the tools
+            return "generic"
         return detect_tool_parser(chat_template) or "hermes"
     get_tool_parser(setting)
     return setting

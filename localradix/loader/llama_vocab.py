@@ -70,10 +70,13 @@ class LlamaVocabTokenizer(ChatTokenizer):
         return self._piece(int(token_id), special=True)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[bytes]:
-        """Raw piece bytes for xgrammar's RAW vocabulary; b"" for control and end-of-generation
-        tokens, which xgrammar then treats as special and never lets a grammar spell out."""
+        """Raw piece bytes for xgrammar's RAW vocabulary; b"" for end-of-generation tokens,
+        which xgrammar then treats as special (a grammar ends with them, never spells them).
+        Control tokens keep their text, as a Hugging Face vocabulary gives it: a forced call's
+        markers (harmony's <|channel|>, DeepSeek's call tokens) are then the model's own
+        single tokens, not the same text spelled out in pieces it never writes."""
         stops = set(self.eos_token_ids)
-        return [b"" if int(i) in stops else self._piece(int(i), special=False) for i in ids]
+        return [b"" if int(i) in stops else self._piece(int(i), special=True) for i in ids]
 
     def token_to_id(self, token: str) -> int | None:
         """The id of the one token whose text is exactly `token`, else None."""

@@ -23,6 +23,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
 from localradix.limits import RequestLimits
+from localradix.loader.tool_prompt import ToolPrompt
 from localradix.messages import AbortRequest, CachePin, Embed, ErrorCode, RequestOutput
 from localradix.parsers.output_parser import special_markers
 from localradix.resolve import reasoning_parser_for, tool_parser_for
@@ -177,13 +178,29 @@ class TokenizerManager:
         self._rid_prefix = os.urandom(4).hex()
         self._token_text: dict[int, str] = {}
         template = getattr(tokenizer, "chat_template", None)
-        self.tool_parser = tool_parser_for(args.tool_call_parser, template)
+        self.tool_parser = tool_parser_for(args.tool_call_parser, template, self.tool_prompt.native)
         self.reasoning_parser = reasoning_parser_for(args.reasoning_parser, template)
         if self.reasoning_parser is None and self.tool_parser in ("harmony", "gpt-oss"):
             # harmony's channels are the whole output format: unparsed, every answer would
             # arrive wrapped in <|channel|> markup, so its parser reads every response.
             self.reasoning_parser = "harmony"
         self._kept_ids: dict[tuple[str | None, str | None], tuple[int, ...]] = {}
+
+    @functools.cached_property
+    def tool_prompt(self) -> ToolPrompt:
+        """How tools reach this model's chat template (probed once; see loader/tool_prompt)."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            return ToolPrompt()  # no template to probe: it is trusted, as before
+
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            return str(self.tokenizer.apply_chat_template(messages, tools=tools))
+
+        return ToolPrompt.probe(render)
+
+    @property
+    def injects_tools(self) -> bool:
+        """The server writes the tools and the tool history into the prompt (chat_text)."""
+        return self.tool_parser == "generic"
 
     @functools.cached_property
     def prompt_lead(self) -> list[int]:

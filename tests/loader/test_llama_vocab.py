@@ -112,7 +112,10 @@ def test_pieces_are_raw_bytes(smol: LlamaVocabTokenizer) -> None:
     ids = smol.encode("🦙")
     assert len(ids) == 3 and smol.decode(ids[:1]) == "\ufffd"  # a split character: U+FFFD
     assert b"".join(smol.piece_bytes(i) for i in ids) == "🦙".encode()
-    assert smol.convert_ids_to_tokens([1, 2, *ids]) == [b"", b"", *map(smol.piece_bytes, ids)]
+    # xgrammar's vocabulary: the end of generation (<|im_end|>) is b"", control tokens keep
+    # their text (<|im_start|>) so a grammar can match them as the model writes them.
+    pieces = smol.convert_ids_to_tokens([1, 2, *ids])
+    assert pieces == [b"<|im_start|>", b"", *map(smol.piece_bytes, ids)]
     assert smol.decode([smol.vocab_size, -1]) == ""  # ids outside the vocabulary: nothing
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from localradix.loader.tool_prompt import involves_tools
 from localradix.messages import CachePin
 from localradix.sampling_params import SamplingParams
 from localradix.server.core.fim import fim_prompt, require_fim
@@ -108,13 +109,19 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
-    """The request's messages through the model's chat template."""
+    """The request's messages through the model's chat template. Where the server writes the
+    tools (the generic dialect), the template gets them and the tool history as text; with
+    tool_choice "none" the tools are left out, so the model is not told to call them."""
     try:
         tools = msgspec.to_builtins(req.tools) if req.tools else None
         extra = template_kwargs(req.chat_template_kwargs)
+        messages = chat_messages(req)
+        if involves_tools(messages, tools) and manager.injects_tools:
+            shown = None if msgspec.to_builtins(req.tool_choice) == "none" else tools
+            messages, tools = manager.tool_prompt.messages(messages, shown), None
         return str(
             manager.tokenizer.apply_chat_template(
-                chat_messages(req),
+                messages,
                 tools=tools,
                 add_generation_prompt=req.add_generation_prompt,
                 **extra,
@@ -144,10 +151,12 @@ async def chat_job(
     req: ChatCompletionRequest,
     continues: Sequence[int] = (),
     pins: tuple[CachePin, ...] = (),
+    context: Sequence[int] = (),
 ) -> Job:
     """The request's job; `continues`: an earlier prompt+output this prompt continues (Responses'
     previous_response_id), whose shared prefix must be served from the radix cache; `pins`:
-    prefixes to keep cached (Anthropic cache_control)."""
+    prefixes to keep cached (Anthropic cache_control); `context`: token ids the rendered prompt
+    follows (Ollama's generate `context`), served from the cache where it still holds them."""
     check_model(manager, req.model)
     constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -156,7 +165,7 @@ async def chat_job(
     output, tool_constraint = tool_setup(manager, req, text)
     if tool_constraint is not None:  # forced tool calls win over response_format
         constraint, constraint_param = tool_constraint, "tool_choice"
-    ids = await encode_prompt(manager, text)
+    ids = after_context(manager, context, await encode_prompt(manager, text))
     manager.check_prompt(ids, "messages")
     given = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -168,10 +177,20 @@ async def chat_job(
         ),
         {"max_tokens": param, "logprobs": "top_logprobs"},
     )
+    kept = manager.kept_special_ids(output.tool_parser, output.reasoning_parser)
+    params = params.replace(kept_special_ids=kept)
     job = manager.submit([ids], params, pins, cached_continuation(ids, continues))
     job.constraint_param = constraint_param
     job.output = output
     return job
+
+
+def after_context(manager: TokenizerManager, context: Sequence[int], ids: list[int]) -> list[int]:
+    """A prompt's ids after `context` (which has its own BOS): without a BOS of their own."""
+    if not context:
+        return ids
+    bos = getattr(manager.tokenizer, "bos_token_id", None)
+    return [*context, *(ids[1:] if ids and ids[0] == bos else ids)]
 
 
 def cached_continuation(ids: Sequence[int], earlier: Sequence[int]) -> int:

@@ -127,7 +127,8 @@ def _capabilities(manager: TokenizerManager) -> list[str]:
     if manager.client.loaded.pooling is not None:
         return ["embedding"]  # what Ollama lists for an embedding model
     capabilities = ["completion"]
-    if manager.tool_parser is not None:
+    # Only where the model sees the tools: its template writes them, or the server does.
+    if manager.tool_parser is not None and (manager.injects_tools or manager.tool_prompt.native):
         capabilities.append("tools")
     if fim_tokens(manager.tokenizer) is not None:
         capabilities.append("insert")
