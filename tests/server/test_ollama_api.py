@@ -66,7 +66,7 @@ TOOLS = [
 ]
 # A few-shot conversation the small model continues (greedy) with the same hermes tool call:
 # Ollama has no tool_choice, so this is how a test gets a call from a 135M model.
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
 TOOL_CHAT = [
     {"role": "system", "content": "You call tools. Answer only with a tool call like:\n" + CALL},
     {"role": "user", "content": "Weather in Paris?"},
@@ -140,7 +140,8 @@ def test_chat_streamed_and_not_agree_and_count_tokens(oc, name):
     assert "".join(p.message.content or "" for p in parts) == whole.message.content
     last = parts[-1]
     assert last.eval_count == whole.eval_count
-    assert last.prompt_eval_count == whole.prompt_eval_count
+    # as Ollama's, prompt_eval_count leaves out what the cache served: all but the last token
+    assert 1 <= last.prompt_eval_count < whole.prompt_eval_count
 
 
 def test_chat_response_json_has_zeds_fields(server, name):
@@ -163,7 +164,8 @@ def test_chat_response_json_has_zeds_fields(server, name):
 
 def test_generate_templated_raw_and_options(oc, name):
     templated = oc.generate(model=name, prompt="Say hi.", options=GREEDY)
-    assert templated.done and templated.response and templated.prompt_eval_count > 5
+    assert templated.done and templated.response and templated.prompt_eval_count >= 1
+    assert len(templated.context) > 5 + templated.eval_count  # the prompt's ids and the output's
 
     raw = oc.generate(
         model=name, prompt="1, 2, 3,", raw=True, options={"temperature": 0, "num_predict": 2}
@@ -242,7 +244,7 @@ def test_tool_calls_have_object_arguments_and_results_go_back(oc, name, stream):
         {"role": "tool", "tool_name": "get_weather", "content": '{"temperature": 21}'},
     ]
     r = oc.chat(model=name, messages=follow, tools=TOOLS, options=GREEDY)
-    assert r.done and r.prompt_eval_count > 100
+    assert r.done and r.prompt_eval_count >= 1  # only what the cache did not hold
 
 
 def test_empty_prompt_loads_or_unloads(oc, name):

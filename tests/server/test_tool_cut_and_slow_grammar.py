@@ -33,6 +33,7 @@ SLOW_SCHEMA = {"type": "string", "pattern": "^([a-z]{1,30}){1,30}$"}
 @pytest.fixture(scope="module")
 def server():
     args = ["--backend", "cpu", "--max-total-tokens", "8192", "--max-running-requests", "8"]
+    args += ["--tool-call-parser", "hermes"]  # the cut-offs below are of hermes' format
     s = start_server([*args, "--grammar-compile-timeout", str(COMPILE_TIMEOUT_S)], fake=False)
     yield s
     assert s.stop() == 0, s.log()[-3000:]

@@ -110,15 +110,16 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
 
 def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
     """The request's messages through the model's chat template. Where the server writes the
-    tools (the generic dialect), the template gets them and the tool history as text; with
-    tool_choice "none" the tools are left out, so the model is not told to call them."""
+    tools (the generic dialect), the template gets them and the tool history as text. With
+    tool_choice "none" the tools stay in the prompt, as templates that write tools keep them:
+    a turn that only switches tool_choice keeps its cached prefix (its output is not parsed
+    for calls)."""
     try:
         tools = msgspec.to_builtins(req.tools) if req.tools else None
         extra = template_kwargs(req.chat_template_kwargs)
         messages = chat_messages(req)
         if involves_tools(messages, tools) and manager.injects_tools:
-            shown = None if msgspec.to_builtins(req.tool_choice) == "none" else tools
-            messages, tools = manager.tool_prompt.messages(messages, shown), None
+            messages, tools = manager.tool_prompt.messages(messages, tools), None
         return str(
             manager.tokenizer.apply_chat_template(
                 messages,

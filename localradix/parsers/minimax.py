@@ -1,0 +1,127 @@
+"""MiniMax-M2 dialect: one block holds all of a turn's calls.
+
+    <minimax:tool_call>
+    <invoke name="NAME">
+    <parameter name="KEY">VALUE</parameter>
+    </invoke>
+    <invoke name="NAME">...</invoke>
+    </minimax:tool_call>
+
+Whitespace between the tags belongs to nothing; a VALUE is all the text between its tags: the
+template writes strings raw and everything else with `tojson`, and `param_value` types it back
+by the function's schema. A `</parameter>` not followed by the next parameter or `</invoke>`
+is part of the value. A block that does not read as calls stays content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localradix.parsers.block_calls import BlockToolParser, Call
+from localradix.parsers.json_scan import WHITESPACE
+from localradix.parsers.qwen3_coder import is_name, value_end, xml_value
+from localradix.parsers.structural_tag import (
+    ArgsFormat,
+    Format,
+    Function,
+    const,
+    either,
+    joined,
+    optional,
+    seq,
+)
+from localradix.parsers.tool_stream import Region
+
+BLOCK = "<minimax:tool_call>"
+INVOKE = "<invoke name="
+PARAMETER = "<parameter name="
+END_INVOKE = "</invoke>"
+END_PARAMETER = "</parameter>"
+
+
+class MiniMaxM2ToolParser(BlockToolParser):
+    name = "minimax-m2"
+    markers = (BLOCK,)
+    end = "</minimax:tool_call>"
+    # Single tokens of MiniMax's vocabulary, which may mark them special: the detokenizer
+    # must keep them (listing a marker that decoding shows anyway costs nothing).
+    special_markers = (BLOCK, "</minimax:tool_call>")
+
+    def _end_region(self, region: Region) -> None:
+        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
+        # there, so that a block cut off by the end of output is dropped whole with
+        # complete_calls instead of its body leaking out as content.
+        self._take(region, len(self._buf))
+        super()._end_region(region)
+
+    def read_calls(self, body: str) -> list[Call] | None:
+        calls: list[Call] = []
+        rest = body.lstrip(WHITESPACE)
+        while rest:
+            read = self._read_invoke(rest)
+            if read is None:
+                return None
+            calls.append(read[0])
+            rest = read[1].lstrip(WHITESPACE)
+        return calls
+
+    def _read_invoke(self, text: str) -> tuple[Call, str] | None:
+        """`<invoke name="NAME">` parameters `</invoke>` at the start of `text`: the call and
+        the text after it."""
+        header = _named_tag(text, INVOKE)
+        if header is None or not is_name(header[0]):
+            return None
+        name, rest = header
+        arguments: dict[str, Any] = {}
+        while True:
+            rest = rest.lstrip(WHITESPACE)
+            if rest.startswith(END_INVOKE):
+                return (name, arguments), rest[len(END_INVOKE) :]
+            read = self._read_parameter(name, rest)
+            if read is None:
+                return None
+            key, value, rest = read
+            arguments[key] = value
+
+    def _read_parameter(self, function: str, text: str) -> tuple[str, Any, str] | None:
+        header = _named_tag(text, PARAMETER)
+        if header is None or not header[0]:
+            return None
+        key, rest = header
+        end = value_end(rest, 0, END_PARAMETER, (PARAMETER, END_INVOKE))
+        if end == -1:
+            return None
+        value = xml_value(rest[:end], self._schema(function, key))
+        return key, value, rest[end + len(END_PARAMETER) :]
+
+    @staticmethod
+    def forced_format(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
+        """The block as the template writes it: after a newline (optional here, as a reasoning
+        block may end in one already), one `<invoke>` per line."""
+        calls = [
+            seq(
+                const(f'{INVOKE}"{name}">\n'),
+                args(schema, style="minimax_xml"),  # ends in optional whitespace
+                const(f"{END_INVOKE}\n"),
+            )
+            for name, schema in functions
+        ]
+        return seq(
+            optional(const("\n")),
+            const(f"{BLOCK}\n"),
+            joined(either(calls), "", many),
+            const("</minimax:tool_call>"),
+        )
+
+
+def _named_tag(text: str, opening: str) -> tuple[str, str] | None:
+    """`<opening>"NAME">` at the start of `text` (quotes optional): NAME and the rest."""
+    close = text.find(">", len(opening))
+    if not text.startswith(opening) or close == -1:
+        return None
+    name = text[len(opening) : close]
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = name[1:-1]
+    if "<" in name or "\n" in name or '"' in name:  # the `>` of a later tag, or stray quotes
+        return None
+    return name, text[close + 1 :]
