@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.tool_stream import Region, ToolCallStreamParser
 
 Call = tuple[str, Any]  # (name, arguments: a JSON-able object, or JSON text)
@@ -46,6 +47,12 @@ class BlockToolParser(ToolCallStreamParser):
             self._call_done(region)
         return self._close(region, ok=True)
 
+    def _end_region(self, region: Region) -> None:
+        # The open block's text is still in the buffer: it belongs to the region, so that a
+        # block the output cut off is dropped whole (complete_calls) or restored whole.
+        self._take(region, len(self._buf))
+        super()._end_region(region)
+
     def _allowed(self, name: str) -> bool:
         return bool(name) and (self._tool_names is None or name in self._tool_names)
 
@@ -62,7 +69,47 @@ def arguments_text(arguments: Any) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
+def is_name(name: str) -> bool:
+    """Whether `name` can be a function name: no whitespace, tags or JSON punctuation (a
+    JSON call, which other dialects put in the same tags, is not a name)."""
+    return bool(name) and not any(c.isspace() or c in '<>"{}[]' for c in name)
+
+
 def param_value(text: str, schema: Any) -> Any:
+    """An XML-style parameter's text as the value its schema asks for (see `_typed_value`); a
+    string from a fixed set (`enum`, `const`) is read without the
+    whitespace around it: xgrammar's XML styles allow whitespace around every value that is
+    not free text, and a model under a forced grammar may well write some."""
+    stripped = text.strip(WHITESPACE)
+    choices = _choices(schema)
+    if stripped != text and stripped in choices and text not in choices:
+        return stripped
+    return _typed_value(text, schema)
+
+
+def _choices(schema: Any) -> list[Any]:
+    if not isinstance(schema, dict):
+        return []
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return enum if isinstance(enum, list) else []
+
+
+def value_end(text: str, start: int, close: str, follows: tuple[str, ...]) -> int:
+    """Where the parameter value that begins at `start` ends: at the first `close` followed,
+    after whitespace, by one of `follows` or by the end of `text`; a `close` followed by
+    anything else is inside the value. -1 when there is none."""
+    index = text.find(close, start)
+    while index != -1:
+        after = text[index + len(close) :].lstrip(WHITESPACE)
+        if not after or after.startswith(follows):
+            return index
+        index = text.find(close, index + 1)
+    return -1
+
+
+def _typed_value(text: str, schema: Any) -> Any:
     """An XML-style parameter's text as the value its schema asks for: strings stay text,
     anything else is read as JSON (or Python's True/False/None, which Jinja's `string` filter
     writes); what does not parse stays text."""

@@ -72,13 +72,6 @@ class DeepSeekV31ToolParser(BlockToolParser):
     end = CALLS_END
     special_markers = (CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END)
 
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
-
     def read_calls(self, body: str) -> list[Call] | None:
         first, *items = body.split(CALL_BEGIN)
         if first.strip() or not items:
@@ -143,13 +136,6 @@ class DeepSeekV32ToolParser(BlockToolParser):
     name = "deepseek-v3.2"
     markers = DSML_BLOCKS
     special_markers = (DSML,)
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def _region_step(self, region: Region, final: bool) -> bool:
         # A block closes with the closing tag of the wrapper that opened it.

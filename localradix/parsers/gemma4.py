@@ -30,7 +30,6 @@ from localradix.parsers.structural_tag import (
     joined,
     seq,
 )
-from localradix.parsers.tool_stream import Region
 
 CALL_OPEN = "<|tool_call>"
 CALL_CLOSE = "<tool_call|>"
@@ -59,13 +58,6 @@ class Gemma4ToolParser(BlockToolParser):
     markers = (CALL_OPEN,)
     end = CALL_CLOSE
     special_markers = (CALL_OPEN, CALL_CLOSE, QUOTE)
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def read_calls(self, body: str) -> list[Call] | None:
         head = _HEAD.match(body)

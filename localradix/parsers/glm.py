@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.parsers.block_calls import BlockToolParser, Call
+from localradix.parsers.block_calls import BlockToolParser, Call, is_name, param_value, value_end
 from localradix.parsers.json_scan import WHITESPACE
-from localradix.parsers.qwen3_coder import is_name, value_end, xml_value
 from localradix.parsers.structural_tag import (
     ArgsFormat,
     Format,
@@ -34,7 +33,6 @@ from localradix.parsers.structural_tag import (
     optional,
     seq,
 )
-from localradix.parsers.tool_stream import Region
 
 ARG_KEY = "<arg_key>"
 END_KEY = "</arg_key>"
@@ -49,13 +47,6 @@ class Glm45ToolParser(BlockToolParser):
     # Single added tokens in GLM's vocabulary. Listing them is harmless where decoding shows
     # them anyway (the tokenizer manager skips those) and needed where they are special.
     special_markers = ("<tool_call>", "</tool_call>", ARG_KEY, END_KEY, ARG_VALUE, END_VALUE)
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def read_calls(self, body: str) -> list[Call] | None:
         index = body.find(ARG_KEY)
@@ -92,7 +83,7 @@ class Glm45ToolParser(BlockToolParser):
         end = value_end(rest, len(ARG_VALUE), END_VALUE, (ARG_KEY,))  # or the block's end
         if end == -1:
             return None
-        value = xml_value(rest[len(ARG_VALUE) : end], self._schema(function, key))
+        value = param_value(rest[len(ARG_VALUE) : end], self._schema(function, key))
         return key, value, rest[end + len(END_VALUE) :]
 
     @staticmethod

@@ -22,7 +22,6 @@ from typing import Any
 from localradix.parsers.block_calls import BlockToolParser, Call
 from localradix.parsers.events import IdFactory
 from localradix.parsers.structural_tag import ArgsFormat, Format, Function, const, either, seq, star
-from localradix.parsers.tool_stream import Region
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_END = "<|tool_calls_section_end|>"
@@ -58,13 +57,6 @@ class KimiK2ToolParser(BlockToolParser):
         self._factory_id = self._new_id
         self._block_ids: list[str] = []
         self._new_id = self._written_id
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def read_calls(self, body: str) -> list[Call] | None:
         first, *items = body.split(CALL_BEGIN)

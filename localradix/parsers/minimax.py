@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.parsers.block_calls import BlockToolParser, Call
+from localradix.parsers.block_calls import BlockToolParser, Call, is_name, param_value, value_end
 from localradix.parsers.json_scan import WHITESPACE
-from localradix.parsers.qwen3_coder import is_name, value_end, xml_value
 from localradix.parsers.structural_tag import (
     ArgsFormat,
     Format,
@@ -30,7 +29,6 @@ from localradix.parsers.structural_tag import (
     optional,
     seq,
 )
-from localradix.parsers.tool_stream import Region
 
 BLOCK = "<minimax:tool_call>"
 INVOKE = "<invoke name="
@@ -46,13 +44,6 @@ class MiniMaxM2ToolParser(BlockToolParser):
     # Single tokens of MiniMax's vocabulary, which may mark them special: the detokenizer
     # must keep them (listing a marker that decoding shows anyway costs nothing).
     special_markers = (BLOCK, "</minimax:tool_call>")
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def read_calls(self, body: str) -> list[Call] | None:
         calls: list[Call] = []
@@ -91,7 +82,7 @@ class MiniMaxM2ToolParser(BlockToolParser):
         end = value_end(rest, 0, END_PARAMETER, (PARAMETER, END_INVOKE))
         if end == -1:
             return None
-        value = xml_value(rest[:end], self._schema(function, key))
+        value = param_value(rest[:end], self._schema(function, key))
         return key, value, rest[end + len(END_PARAMETER) :]
 
     @staticmethod

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.parsers.block_calls import BlockToolParser, Call, param_value
+from localradix.parsers.block_calls import BlockToolParser, Call, is_name, param_value, value_end
 from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.structural_tag import (
     ArgsFormat,
@@ -44,7 +44,6 @@ from localradix.parsers.structural_tag import (
     optional,
     seq,
 )
-from localradix.parsers.tool_stream import Region
 
 FUNCTION = "<function="
 PARAMETER = "<parameter="
@@ -60,13 +59,6 @@ class Qwen3CoderToolParser(BlockToolParser):
     # shows already costs nothing (the tokenizer manager skips it), one a model marks special
     # would otherwise vanish before the parser sees it.
     special_markers = ("<tool_call>", "</tool_call>")
-
-    def _end_region(self, region: Region) -> None:
-        # BlockToolParser leaves an open block's text in the buffer, not in region.raw: move it
-        # there, so that a block cut off by the end of output is dropped whole with
-        # complete_calls instead of its body leaking out as content.
-        self._take(region, len(self._buf))
-        super()._end_region(region)
 
     def read_calls(self, body: str) -> list[Call] | None:
         calls: list[Call] = []
@@ -105,7 +97,7 @@ class Qwen3CoderToolParser(BlockToolParser):
         end = value_end(rest, 0, END_PARAMETER, (PARAMETER, END_FUNCTION))
         if end == -1:
             return None
-        value = xml_value(_unwrap(rest[:end]), self._schema(function, key))
+        value = param_value(_unwrap(rest[:end]), self._schema(function, key))
         return key, value, rest[end + len(END_PARAMETER) :]
 
     @staticmethod
@@ -138,45 +130,6 @@ def _unwrap(text: str) -> str:
     """A value without the newline the template writes on each side of it."""
     text = text[1:] if text.startswith("\n") else text
     return text[:-1] if text.endswith("\n") else text
-
-
-def is_name(name: str) -> bool:
-    """Whether `name` can be a function name: no whitespace, tags or JSON punctuation (a
-    JSON call, which other dialects put in the same tags, is not a name)."""
-    return bool(name) and not any(c.isspace() or c in '<>"{}[]' for c in name)
-
-
-def xml_value(text: str, schema: Any) -> Any:
-    """`param_value`, but a string from a fixed set (`enum`, `const`) is read without the
-    whitespace around it: xgrammar's XML styles allow whitespace around every value that is
-    not free text, and a model under a forced grammar may well write some."""
-    stripped = text.strip(WHITESPACE)
-    choices = _choices(schema)
-    if stripped != text and stripped in choices and text not in choices:
-        return stripped
-    return param_value(text, schema)
-
-
-def _choices(schema: Any) -> list[Any]:
-    if not isinstance(schema, dict):
-        return []
-    if "const" in schema:
-        return [schema["const"]]
-    enum = schema.get("enum")
-    return enum if isinstance(enum, list) else []
-
-
-def value_end(text: str, start: int, close: str, follows: tuple[str, ...]) -> int:
-    """Where the parameter value that begins at `start` ends: at the first `close` followed,
-    after whitespace, by one of `follows` or by the end of `text`; a `close` followed by
-    anything else is inside the value. -1 when there is none."""
-    index = text.find(close, start)
-    while index != -1:
-        after = text[index + len(close) :].lstrip(WHITESPACE)
-        if not after or after.startswith(follows):
-            return index
-        index = text.find(close, index + 1)
-    return -1
 
 
 # Jinja's `string` writes these as Python does.

@@ -157,6 +157,10 @@ REASONING_PARSERS: dict[str, ReasoningDialect] = {
 
 # Reasoning dialects whose markers are special tokens the detokenizer must keep.
 SPECIAL_MARKERS: dict[str, tuple[str, ...]] = {
+    # Special tokens in some models of these dialects (Kimi K2 Thinking, some DeepSeek and
+    # GLM builds); where they are plain text in the vocabulary, keeping them changes nothing.
+    "qwen3": ("<think>", "</think>"),
+    "deepseek-r1": ("<think>", "</think>"),
     "magistral": ("[THINK]", "[/THINK]"),
     "gemma4": ("<|channel>", "<channel|>"),
 }

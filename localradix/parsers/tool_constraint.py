@@ -235,4 +235,7 @@ def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
         "end": dialect.end,
     }
     block = seq(block, {"type": "regex", "pattern": r"[ \n]{0,4}"})
-    return block if starts_in_reasoning else optional(block)
+    if starts_in_reasoning:
+        return block
+    # A model may open its block after a newline (GLM-4.6's template writes "\n<think>").
+    return optional(seq({"type": "regex", "pattern": r"\n?"}, block))

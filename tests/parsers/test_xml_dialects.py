@@ -232,25 +232,14 @@ def test_named_choice_forces_that_function(compiler: Any, name: str) -> None:
     assert not accepts(compiler, constraint, calls_only(name, CALLS[1:] * 2).text)
 
 
-GLM_46_NEWLINE = pytest.mark.xfail(
-    strict=True,
-    reason="GLM-4.6 writes a newline before <think>; tool_constraint's reasoning prefix "
-    "starts at <think>, so a forced GLM-4.6 response can only skip its reasoning",
-)
-
-
 @requires_templates
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(name, marks=GLM_46_NEWLINE) if name == "GLM-4.6" else name
-        for name in TEMPLATES
-        if name not in NO_REASONING
-    ],
+    [name for name in TEMPLATES if name not in NO_REASONING],
 )
 def test_required_after_reasoning(compiler: Any, name: str) -> None:
     """With thinking on, the calls follow the reasoning block (which the prompt opens, in all
-    but GLM-4.6's template)."""
+    but GLM-4.6's template, which writes "\n<think>" itself)."""
     text = turn(name, assistant_message("", REASONING, CALLS), enable_thinking=True)
     assert accepts(compiler, forced(name, "required", text.prompt), text.text), text.text
 
