@@ -51,7 +51,6 @@ from localradix.parsers.structural_tag import (
     Function,
     const,
     either,
-    optional,
     seq,
 )
 from localradix.parsers.tool_stream import ToolCallStreamParser
@@ -307,15 +306,11 @@ def _merged(events: list[ChatDelta]) -> list[ChatDelta]:
 
 
 def forced_format(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
-    """One call of one of `functions`, optionally after an analysis message.
-
-    A generation ends at `<|call|>`, so there is one call whatever `many` says. The header is
-    the one the chat template writes (` to=functions.NAME<|channel|>commentary json`) or the
-    one gpt-oss writes itself (`<|channel|>commentary to=functions.NAME <|constrain|>json`).
-    The analysis prefix is this format's own: `tool_constraint` adds no generic one for it.
-    """
-    block = {"type": "tag", "begin": CHANNEL + "analysis" + MESSAGE, "end": END}
-    analysis = seq({**block, "content": {"type": "any_text"}}, const(START + "assistant"))
+    """One call of one of `functions`. A generation ends at `<|call|>`, so there is one call
+    whatever `many` says. The header is the one the chat template writes
+    (` to=functions.NAME<|channel|>commentary json`) or the one gpt-oss writes itself
+    (`<|channel|>commentary to=functions.NAME <|constrain|>json`). The optional analysis
+    message before it is the "harmony" reasoning dialect's (tool_constraint adds it)."""
     calls = [
         seq(
             either(
@@ -328,7 +323,7 @@ def forced_format(functions: list[Function], many: bool, args: ArgsFormat) -> Fo
         )
         for name, schema in functions
     ]
-    return seq(optional(analysis), either(calls))
+    return either(calls)
 
 
 class HarmonyToolParser(ToolCallStreamParser):

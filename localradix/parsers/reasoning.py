@@ -42,6 +42,9 @@ class ReasoningDialect:
     start: str
     end: str
     starts_in_reasoning: bool = False  # the default when the prompt is not known
+    # What follows the block before the answer, where it is not whitespace (harmony's next
+    # message header): a forced tool call's grammar writes it after the reasoning.
+    resume: str = ""
 
     def parser(self, starts_in_reasoning: bool | None = None) -> ReasoningStreamParser:
         """A stream parser for one response."""
@@ -151,8 +154,11 @@ REASONING_PARSERS: dict[str, ReasoningDialect] = {
     # Gemma 4: a "thought" channel; with thinking off the template writes an empty one.
     "gemma4": ReasoningDialect("gemma4", "<|channel>thought", "<channel|>"),
     # gpt-oss: reasoning is harmony's analysis channel, read by the harmony parser with the
-    # calls and the answer (see `parsers.harmony`); these tags are only its prompt check.
-    "harmony": ReasoningDialect("harmony", "<|channel|>analysis<|message|>", "<|end|>"),
+    # calls and the answer (see `parsers.harmony`); these tags serve the prompt check and
+    # the optional analysis message before a forced call.
+    "harmony": ReasoningDialect(
+        "harmony", "<|channel|>analysis<|message|>", "<|end|>", resume="<|start|>assistant"
+    ),
 }
 
 # Reasoning dialects whose markers are special tokens the detokenizer must keep.

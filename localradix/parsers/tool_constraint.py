@@ -79,7 +79,7 @@ def tool_call_constraint(
     build = _format_builder(dialect)
     args = ArgsFormat(max_whitespace)
     fmt = seq(build(chosen, many, args), optional(const("\n")))  # then EOS
-    if reasoning is not None and not _owns_reasoning(dialect):
+    if reasoning is not None:
         fmt = seq(_reasoning_prefix(reasoning, starts_in_reasoning), fmt)
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
@@ -217,12 +217,6 @@ def _format_builder(dialect: str) -> FormatBuilder:
     return build
 
 
-def _owns_reasoning(dialect: str) -> bool:
-    """harmony's reasoning is an analysis message followed by `<|start|>assistant`, not a block
-    the generic prefix fits: its `forced_format` writes that prefix itself."""
-    return TOOL_PARSERS.aliases.get(dialect, dialect) == "harmony"
-
-
 def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
     try:
         dialect = get_reasoning_parser(name)
@@ -234,7 +228,8 @@ def _reasoning_prefix(name: str, starts_in_reasoning: bool) -> Format:
         "content": {"type": "any_text"},
         "end": dialect.end,
     }
-    block = seq(block, {"type": "regex", "pattern": r"[ \n]{0,4}"})
+    after = const(dialect.resume) if dialect.resume else {"type": "regex", "pattern": r"[ \n]{0,4}"}
+    block = seq(block, after)
     if starts_in_reasoning:
         return block
     # A model may open its block after a newline (GLM-4.6's template writes "\n<think>").

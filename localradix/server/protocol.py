@@ -36,6 +36,7 @@ class ContentPart(Struct):
 
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class ChatMessage(Struct):
@@ -140,6 +141,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # Extra variables for the chat template (vLLM's and SGLang's field), e.g. Qwen3's
     # {"enable_thinking": false}; Ollama's `think` sets that one.
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning_effort: given to the template (gpt-oss's "Reasoning: low"); "none"
+    # turns thinking off where the template can (enable_thinking) and lets a forced tool call
+    # start at once, without a reasoning block.
+    reasoning_effort: ReasoningEffort | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -376,8 +376,10 @@ def forced(choice: Any = "required", parallel: bool = True, reasoning: Any = "ha
 def test_forced_grammar_accepts_the_rendered_call_turn(compiler: Any, call: Any) -> None:
     for reasoning in ("Let me see: <b>{json}</b>\nthen call.", None):
         turn = render("", reasoning, [call])
-        for constraint in (forced(), forced(reasoning=None), forced(named(call[0]), False)):
+        for constraint in (forced(), forced(named(call[0]), False)):
             assert accepts(compiler, constraint, turn.text), turn.text
+        # Without the reasoning dialect (reasoning_effort "none") no analysis may come first.
+        assert accepts(compiler, forced(reasoning=None), turn.text) == (reasoning is None)
         read = read_whole(turn, "harmony", "harmony")
         assert_round_trip(read, "", reasoning, [call])
 

@@ -171,6 +171,17 @@ def _output_format(config: OutputConfig | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
+def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's `thinking` switch as the template's (enable_thinking); "disabled" is
+    reasoning_effort "none": a forced tool call then starts at once, without reasoning."""
+    kind = (thinking or {}).get("type")
+    if kind == "disabled":
+        return {"reasoning_effort": "none"}
+    if kind in ("enabled", "adaptive"):
+        return {"chat_template_kwargs": {"enable_thinking": True}}
+    return {}
+
+
 def chat_request(manager: TokenizerManager, req: CountTokensRequest) -> ChatCompletionRequest:
     model = served_model(manager, req.model)
     tools = _tools(req.tools)
@@ -181,6 +192,7 @@ def chat_request(manager: TokenizerManager, req: CountTokensRequest) -> ChatComp
         "tools": tools,
         "tool_choice": choice if tools else None,
         "parallel_tool_calls": parallel,
+        **_thinking(req.thinking),
     }
     if isinstance(req, MessagesRequest):
         fields.update(

@@ -108,6 +108,32 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+# gpt-oss's template knows low, medium and high.
+_TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "xhigh": "high"}
+
+
+def effort_kwargs(effort: str | None) -> dict[str, Any]:
+    """Template variables for OpenAI's reasoning_effort (chat_template_kwargs win)."""
+    if effort is None:
+        return {}
+    kwargs: dict[str, Any] = {"reasoning_effort": _TEMPLATE_EFFORT.get(effort, effort)}
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+    return kwargs
+
+
+def template_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as templates expect them: OpenAI lets a function omit its description, but some
+    templates (gpt-oss's) concatenate it, and Jinja cannot add text to an undefined value."""
+    out = []
+    for tool in tools:
+        function = tool.get("function")
+        if isinstance(function, dict) and function.get("description") is None:
+            tool = {**tool, "function": {**function, "description": ""}}
+        out.append(tool)
+    return out
+
+
 def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
     """The request's messages through the model's chat template. Where the server writes the
     tools (the generic dialect), the template gets them and the tool history as text. With
@@ -115,8 +141,9 @@ def chat_text(manager: TokenizerManager, req: ChatCompletionRequest) -> str:
     a turn that only switches tool_choice keeps its cached prefix (its output is not parsed
     for calls)."""
     try:
-        tools = msgspec.to_builtins(req.tools) if req.tools else None
+        tools = template_tools(msgspec.to_builtins(req.tools)) if req.tools else None
         extra = template_kwargs(req.chat_template_kwargs)
+        extra = {**effort_kwargs(req.reasoning_effort), **extra}
         messages = chat_messages(req)
         if involves_tools(messages, tools) and manager.injects_tools:
             messages, tools = manager.tool_prompt.messages(messages, tools), None

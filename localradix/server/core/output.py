@@ -97,7 +97,7 @@ def tool_setup(
                 choice,
                 manager.tool_parser,
                 req.parallel_tool_calls,
-                reasoning=reasoning,
+                reasoning=_grammar_reasoning(reasoning, bool(starts), req.reasoning_effort),
                 starts_in_reasoning=bool(starts),
             )
         except ToolChoiceError as exc:
@@ -108,6 +108,12 @@ def tool_setup(
     return ChatOutputSpec(
         dialect, reasoning, starts, names, schemas if dialect else None
     ), constraint
+
+
+def _grammar_reasoning(reasoning: str | None, starts: bool, effort: str | None) -> str | None:
+    """The reasoning a forced call may write first: none with reasoning_effort "none", unless
+    the prompt already opened the block (then the grammar must let the model close it)."""
+    return None if effort == "none" and not starts else reasoning
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
