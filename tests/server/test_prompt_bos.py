@@ -111,12 +111,13 @@ def test_every_chat_dialect_counts_the_templates_single_bos(bos_server):
     assert responses["usage"]["input_tokens"] == counted
     model = httpx.get(bos_server.base + "/models").json()["data"][0]["id"]
     ollama = {"model": model, "stream": False, "options": {"num_predict": 1}}
-    assert post(bos_server, "/api/chat", {**ollama, "messages": USER})["prompt_eval_count"] == 3
-    assert (
-        post(bos_server, "/api/generate", {**ollama, "prompt": "w5 w6"})["prompt_eval_count"] == 3
-    )
+    # Ollama counts the prompt tokens it evaluated (the cache holds these by now: at most 3);
+    # generate's `context` is the whole prompt's ids (BOS w5 w6), then the output's.
+    assert post(bos_server, "/api/chat", {**ollama, "messages": USER})["prompt_eval_count"] <= 3
+    generated = post(bos_server, "/api/generate", {**ollama, "prompt": "w5 w6"})
+    assert len(generated["context"]) - generated["eval_count"] == 3
     raw = {**ollama, "prompt": "w5 w6", "raw": True}
-    assert post(bos_server, "/api/generate", raw)["prompt_eval_count"] == 3
+    assert 1 <= post(bos_server, "/api/generate", raw)["prompt_eval_count"] <= 3
     anthropic = {"model": model, "messages": USER}
     assert post(bos_server, "/v1/messages/count_tokens", anthropic)["input_tokens"] == 3
 
@@ -140,7 +141,8 @@ def test_fill_in_the_middle_prompts_start_with_bos(bos_server):
     model = httpx.get(bos_server.base + "/models").json()["data"][0]["id"]
     body = {"model": model, "prompt": "w5 w6", "suffix": "w7", "stream": False}
     body["options"] = {"num_predict": 1}
-    assert post(bos_server, "/api/generate", body)["prompt_eval_count"] == 7
+    generated = post(bos_server, "/api/generate", body)
+    assert len(generated["context"]) - generated["eval_count"] == 7  # prompt ids, output ids
 
 
 def test_the_in_process_engine_adds_bos_as_the_server_does(bos_model):

@@ -139,8 +139,10 @@ def test_every_route_counts_a_prompt_as_tokenize_does(server, client, model):
     assert done.usage.prompt_tokens == len(ids)
     assert done.choices[0].text.startswith(text)
     chat_ids = tokenize(server, messages=QUESTION)["tokens"]
-    body = {"model": model, "messages": QUESTION, "stream": False, "options": {"num_predict": 1}}
-    assert post(server, "/api/chat", body).json()["prompt_eval_count"] == len(chat_ids)
+    body = {"model": model, "prompt": QUESTION[0]["content"], "stream": False}
+    generated = post(server, "/api/generate", {**body, "options": {"num_predict": 1}}).json()
+    assert len(generated["context"]) - generated["eval_count"] == len(chat_ids)
+    assert generated["context"][: len(chat_ids)] == chat_ids  # then the output's ids
     counted = post(server, "/v1/messages/count_tokens", {"model": model, "messages": QUESTION})
     assert counted.json()["input_tokens"] == len(chat_ids)
 

@@ -1,8 +1,9 @@
-"""Outputs as Anthropic's message body (content blocks, stop reason, usage) and errors as
-`{"type": "error", "error": {"type", "message"}}`."""
+"""Outputs as Anthropic's message body (content blocks, stop reason, usage), the model list's
+pages, and errors as `{"type": "error", "error": {"type", "message"}}`."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from localradix.messages import CachePin
@@ -91,3 +92,49 @@ def error_body(err: APIError) -> dict[str, Any]:
         err.status, "api_error" if err.status >= 500 else "invalid_request_error"
     )
     return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def model_info(name: str, context_length: int, created: float) -> dict[str, Any]:
+    """A model as Anthropic's ModelInfo (`created_at` in RFC 3339; 0: the context is unknown)."""
+    return {
+        "type": "model",
+        "id": name,
+        "display_name": name,
+        "created_at": rfc3339(created),
+        "lifecycle": "active",
+        "max_input_tokens": context_length or None,
+        "max_tokens": context_length or None,
+    }
+
+
+def rfc3339(at: float) -> str:
+    return datetime.fromtimestamp(int(at), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def model_page(
+    infos: list[dict[str, Any]], after_id: str | None, before_id: str | None, limit: int
+) -> dict[str, Any]:
+    """One page of Anthropic's model list: the `limit` models after `after_id`, or before
+    `before_id`; `has_more` says whether more lie that way."""
+    ids = [info["id"] for info in infos]
+    if before_id is not None:
+        end = _position(ids, before_id, "before_id")
+        start = max(0, end - limit)
+        more = start > 0
+    else:
+        start = 0 if after_id is None else _position(ids, after_id, "after_id") + 1
+        end = start + limit
+        more = end < len(ids)
+    data = infos[start:end]
+    return {
+        "data": data,
+        "has_more": more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+def _position(ids: list[str], wanted: str, param: str) -> int:
+    if wanted not in ids:
+        raise APIError(400, f"{param}: '{wanted}' is not a listed model", param=param)
+    return ids.index(wanted)

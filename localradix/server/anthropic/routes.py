@@ -5,10 +5,12 @@ Messages and blocks become OpenAI chat messages; the output comes back as conten
 streamed as Anthropic's typed SSE events. `usage.cache_read_input_tokens` is what the radix cache
 served; `cache_control` breakpoints pin their prefix in it (cache_control.py), and
 `cache_creation_input_tokens` is what those pins newly cached. Errors are `{"type": "error", "error": {"type", "message"}}`.
+`GET /v1/models` (openai/routes.py) answers in Anthropic's shape when `speaks_anthropic`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -18,15 +20,18 @@ from litestar.types import ControllerRouterHandler
 from localradix.messages import CachePin
 from localradix.server.anthropic.cache_control import breakpoints, cache_pins
 from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from localradix.server.anthropic.render import error_body, message_body
+from localradix.server.anthropic.render import error_body, message_body, model_page
 from localradix.server.anthropic.request import RENAMES, chat_request
 from localradix.server.anthropic.stream import message_events
 from localradix.server.core.body import decode
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, chat_text, encode_prompt
+from localradix.server.errors import APIError
 from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
+
+DEFAULT_LIMIT, MAX_LIMIT = 20, 1000  # models a page of Anthropic's model list
 
 
 @post("/", summary="Anthropic Messages: create a message (SSE when stream: true)", status_code=200)
@@ -63,6 +68,26 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
     # The very prompt a message would send (not checked against the context: it is counted).
     ids = await encode_prompt(manager, chat_text(manager, chat_request(manager, body)))
     return json_response({"input_tokens": len(ids)})
+
+
+def speaks_anthropic(request: Request[Any, Any, Any]) -> bool:
+    """A request from Anthropic's clients: its API requires `anthropic-version` on every
+    request and its SDKs always send it (x-api-key is no sign: other clients send it too)."""
+    return "anthropic-version" in request.headers
+
+
+def model_list(request: Request[Any, Any, Any], infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """`GET /v1/models` for Anthropic's clients: the page its query asks for."""
+    query = request.query_params
+    return model_page(infos, query.get("after_id"), query.get("before_id"), _limit(query))
+
+
+def _limit(query: Mapping[str, str]) -> int:
+    """Anthropic's `limit`: 1 to 1000 models a page, 20 if not given."""
+    given = query.get("limit", str(DEFAULT_LIMIT))
+    if not given.isdigit() or not 1 <= int(given) <= MAX_LIMIT:
+        raise APIError(400, f"limit must be an integer from 1 to {MAX_LIMIT}", param="limit")
+    return int(given)
 
 
 ROUTES: list[ControllerRouterHandler] = [

@@ -19,6 +19,9 @@ class Options(Struct, kw_only=True):
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Not Ollama's: its API cannot force a call. "auto", "none", "required", a function's
+    # name, or OpenAI's {"type": "function", "function": {"name": ...}}.
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class ToolFunction(Struct):

@@ -28,23 +28,35 @@ def _ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
 
 
-def _final(job: Job, model: str, timing: Timing, finish: str | None) -> dict[str, Any]:
-    """The `done: true` fields: reason, counts and durations (ns)."""
+def _final(
+    job: Job, model: str, timing: Timing, finish: str | None, context: bool
+) -> dict[str, Any]:
+    """The `done: true` fields: reason, `context` (if asked), counts and durations (ns).
+    prompt_eval_count, as Ollama's, counts the prompt tokens evaluated: not those the cache
+    served."""
     usage = job.usage()
     end = timing.end or time.monotonic()
     first = timing.first or end
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
     return {
         "model": model,
         "created_at": now_iso(),
         "done": True,
         "done_reason": DONE_REASONS.get(finish or "", "stop"),
+        **({"context": token_context(job)} if context else {}),
         "total_duration": _ns(end - timing.start),
         "load_duration": 0,
-        "prompt_eval_count": usage["prompt_tokens"],
+        "prompt_eval_count": usage["prompt_tokens"] - cached,
         "prompt_eval_duration": _ns(first - timing.start),
         "eval_count": usage["completion_tokens"],
         "eval_duration": _ns(end - first),
     }
+
+
+def token_context(job: Job) -> list[int]:
+    """Generate's `context`: the prompt's ids and the output's (the radix cache holds them, so a
+    request that sends them back continues from the cache)."""
+    return [*job.prompts[0], *job.choices[0].token_ids]
 
 
 def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -71,11 +83,11 @@ def generate_fields(content: str, thinking: str | None, calls: list[ToolCall]) -
 
 
 def response_body(
-    job: Job, model: str, gathered: Gathered, *, wrap: Wrap, think: Any
+    job: Job, model: str, gathered: Gathered, *, wrap: Wrap, think: Any, context: bool = False
 ) -> dict[str, Any]:
     parsed = output_spec(job).parse(gathered.text[0])
     thinking = parsed.reasoning if think is not False else None
-    final = _final(job, model, gathered.timing, gathered.finish[0])
+    final = _final(job, model, gathered.timing, gathered.finish[0], context)
     return {**final, **wrap(parsed.content, thinking, parsed.calls)}
 
 
@@ -83,8 +95,11 @@ def _line(payload: dict[str, Any]) -> bytes:
     return encode_json(payload) + b"\n"
 
 
-async def ndjson(job: Job, model: str, wrap: Wrap, think: Any) -> AsyncIterator[bytes]:
-    """NDJSON lines: text as it comes, tool calls whole once parsed, then the `done` line."""
+async def ndjson(
+    job: Job, model: str, wrap: Wrap, think: Any, context: bool = False
+) -> AsyncIterator[bytes]:
+    """NDJSON lines: text as it comes, tool calls whole once parsed, then the `done` line
+    (with generate's `context` if asked)."""
     calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
     timing = Timing(job)
     stream = ParsedStream(job, timing)
@@ -109,7 +124,8 @@ async def ndjson(job: Job, model: str, wrap: Wrap, think: Any) -> AsyncIterator[
         if calls:
             whole = [ToolCall(*calls[i]) for i in sorted(calls)]
             yield _line({**_head(model), **wrap("", None, whole)})
-        yield _line({**_final(job, model, timing, stream.finish), **wrap("", None, [])})
+        final = _final(job, model, timing, stream.finish, context)
+        yield _line({**final, **wrap("", None, [])})
     finally:
         job.close()
 

@@ -8,6 +8,7 @@ from typing import Any
 from localradix.server.core.body import convert
 from localradix.server.core.fim import require_fim
 from localradix.server.core.jobs import served_model
+from localradix.server.core.sampling import check_token_ids
 from localradix.server.errors import bad_request
 from localradix.server.ollama.protocol import ChatBody, GenerateBody, Message, Options, _Request
 from localradix.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -80,6 +81,14 @@ def _thinking(think: Any) -> dict[str, Any] | None:
     return None if think is None else {"enable_thinking": think is not False}
 
 
+def _tool_choice(opts: Options | None) -> Any:
+    """`options.tool_choice` as OpenAI's: a bare function name names that function."""
+    choice = opts.tool_choice if opts is not None else None
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
+
+
 def _message(msg: Message, i: int) -> dict[str, Any]:
     if msg.images:
         raise bad_request("images are not supported: this model reads text only", "images")
@@ -108,18 +117,32 @@ def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatCompletionReq
         model=model,
         messages=[_message(m, i) for i, m in enumerate(body.messages)],
         tools=body.tools or None,
+        tool_choice=_tool_choice(body.options) if body.tools else None,
         chat_template_kwargs=_thinking(body.think),
+        reasoning_effort="none" if body.think is False else None,
     )
     return convert(
         {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
     )
 
 
+def _check_context(manager: TokenizerManager, body: GenerateBody) -> None:
+    """`context` (an earlier generate's prompt and output ids) continues a templated prompt."""
+    if not body.context:
+        return
+    if body.raw or body.suffix:
+        raise bad_request(
+            "'context' continues a templated prompt: with raw or suffix, send the whole prompt",
+            "context",
+        )
+    check_token_ids(body.context, manager.vocab, "context", "context token ids")
+
+
 def generate_request(
     manager: TokenizerManager, body: GenerateBody
 ) -> ChatCompletionRequest | CompletionRequest:
     """`raw` prompts and fill-in-the-middle (`suffix`) go to the completion core; others
-    through the chat template."""
+    through the chat template (after `context`, which the route hands to chat_job)."""
     model = served(manager, body.model)
     _check_common(manager, body, model)
     if body.template:
@@ -128,8 +151,7 @@ def generate_request(
             "(send raw: true to send a prompt as it is)",
             "template",
         )
-    if body.context:
-        raise bad_request("'context' is not supported: send the conversation to /api/chat")
+    _check_context(manager, body)
     fields = _sampling(body.options, body.format)
     fields["model"] = model
     if body.suffix:

@@ -5,6 +5,9 @@ Requests become OpenAI requests; outputs come back as Ollama's JSON (NDJSON line
 streaming, the default); every error is `{"error": "..."}` with a 4xx/503 status. `model` picks
 one of the store's models (loaded on demand, see model_pool.py) and `keep_alive` says how long it
 stays loaded once idle; `/api/pull` and `/api/delete` work on the store (see store.py).
+`/api/generate` ends with `context` (the prompt's and the output's token ids; not for a raw
+prompt); sent back with a templated prompt, that prompt follows those ids, which the radix cache
+still holds.
 """
 
 from __future__ import annotations
@@ -37,10 +40,17 @@ from localradix.server.tokenizer_manager import Job
 
 
 async def _answer(
-    request: Request[Any, Any, Any], job: Job, model: str, stream: bool, wrap: Wrap, think: Any
+    request: Request[Any, Any, Any],
+    job: Job,
+    model: str,
+    stream: bool,
+    wrap: Wrap,
+    think: Any,
+    context: bool = False,
 ) -> Response[Any]:
-    lines = partial(ndjson, job, model, wrap, think) if stream else None
-    whole = partial(response_body, job, model, wrap=wrap, think=think)
+    """The job's answer, streamed or whole; `context`: end with generate's `context`."""
+    lines = partial(ndjson, job, model, wrap, think, context) if stream else None
+    whole = partial(response_body, job, model, wrap=wrap, think=think, context=context)
     return await answer(request, job, lines, whole, NDJSON)
 
 
@@ -78,8 +88,10 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     if isinstance(req, CompletionRequest):
         job = await completion_job(manager, req)
     else:
-        job = await chat_job(manager, req)
-    return await _answer(request, job, str(req.model), body.stream, generate_fields, body.think)
+        job = await chat_job(manager, req, context=body.context or ())
+    model, think = str(req.model), body.think
+    # Ollama's `context` ends every answer but a raw prompt's (a FIM one's too).
+    return await _answer(request, job, model, body.stream, generate_fields, think, not body.raw)
 
 
 def ollama_error(err: APIError) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The OpenAI routes under /v1: chat and text completions (JSON or SSE), embeddings
-(openai/embeddings.py) and the model list."""
+(openai/embeddings.py) and the model list (in Anthropic's shape for Anthropic's clients, who ask
+the same path)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ from litestar import Request, Response, get, post
 from litestar.openapi import ResponseSpec
 from msgspec import Struct
 
+from localradix.server.anthropic.render import error_body as anthropic_error
+from localradix.server.anthropic.render import model_info
+from localradix.server.anthropic.routes import model_list as anthropic_model_list
+from localradix.server.anthropic.routes import speaks_anthropic
 from localradix.server.core.body import decode
 from localradix.server.core.docs import AUTH, ERRORS, UNAVAILABLE, UNKNOWN_MODEL
 from localradix.server.core.gather import answer
-from localradix.server.core.http import closed_on_error, json_response, state
+from localradix.server.core.http import closed_on_error, error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job, served_name
 from localradix.server.errors import APIError
-from localradix.server.model_list import listed_models
+from localradix.server.model_list import Listed, listed_models
 from localradix.server.openai.chat import chat_response, chat_stream
 from localradix.server.openai.completion import completion_response, completion_stream
 from localradix.server.openai.embeddings import REQUEST_BODIES as EMBEDDING_BODIES
@@ -107,43 +112,62 @@ def _echoed(
     return [manager.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
 
 
+def _models_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """The model routes' errors in the asking client's dialect."""
+    render = anthropic_error if speaks_anthropic(request) else APIError.body
+    return error_handler(render)(request, exc)
+
+
 @get(
     "/models",
-    summary="List the models: the loaded ones, then every other one in the store",
+    summary="List the models: the loaded ones, then every other one in the store (Anthropic's "
+    "page of models for a request with an anthropic-version header)",
     responses={200: ResponseSpec(ModelList), **AUTH, **UNAVAILABLE},
+    exception_handlers={Exception: _models_error},
 )
 async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
-    return json_response(ModelList(data=await _model_cards(request)))
+    listed, created = await _listed(request)
+    if speaks_anthropic(request):
+        infos = [model_info(m.name, m.context_length, created) for m in listed]
+        return json_response(anthropic_model_list(request, infos))
+    return json_response(ModelList(data=[_card(m, created) for m in listed]))
 
 
 @get(
     "/models/{model_id:path}",
-    summary="Describe a model",
+    summary="Describe a model (as Anthropic's ModelInfo for a request with anthropic-version)",
     responses={200: ResponseSpec(ModelCard), **AUTH, **UNKNOWN_MODEL, **UNAVAILABLE},
+    exception_handlers={Exception: _models_error},
 )
 async def get_model(request: Request[Any, Any, Any]) -> Response[Any]:
     wanted = str(request.path_params["model_id"]).lstrip("/")
-    for card in await _model_cards(request):
-        if card.id == wanted:
-            return json_response(card)
-    raise APIError(
-        404,
-        f"the model '{wanted}' does not exist",
-        param="model",
-        code="model_not_found",
-        type="invalid_request_error",
-    )
+    listed, created = await _listed(request)
+    found = next((m for m in listed if m.name == wanted), None)
+    if found is None:
+        raise APIError(
+            404,
+            f"the model '{wanted}' does not exist",
+            param="model",
+            code="model_not_found",
+            type="invalid_request_error",
+        )
+    if speaks_anthropic(request):
+        return json_response(model_info(found.name, found.context_length, created))
+    return json_response(_card(found, created))
 
 
-async def _model_cards(request: Request[Any, Any, Any]) -> list[ModelCard]:
+async def _listed(request: Request[Any, Any, Any]) -> tuple[list[Listed], float]:
+    """The models to list, and when the server started (their `created`)."""
     server = state(request)
     server.ready_manager()
     listed = await asyncio.to_thread(listed_models, server.pool, server.args.context_length)
-    created = int(server.started)
-    return [
-        ModelCard(id=m.name, created=created, root=m.path, max_model_len=m.context_length)
-        for m in listed
-    ]
+    return listed, server.started
+
+
+def _card(model: Listed, created: float) -> ModelCard:
+    return ModelCard(
+        id=model.name, created=int(created), root=model.path, max_model_len=model.context_length
+    )
 
 
 ROUTES = [chat_completions, completions, embeddings, list_models, get_model]

@@ -33,12 +33,15 @@ def _text(content: str | list[Part] | None, where: str) -> str:
     """Text parts joined; images, files and audio are refused, naming the place."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
-    for j, part in enumerate(content):
-        if part.type not in TEXT_PARTS or part.text is None:
-            raise bad_request(f"{where}[{j}]: only text parts are supported, not '{part.type}'")
-        texts.append(part.text)
-    return "".join(texts)
+    return "".join(_part_text(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: Part, where: str) -> str:
+    if part.type not in TEXT_PARTS:
+        raise bad_request(f"{where}: only text parts are supported, not '{part.type}'", where)
+    if part.text is None:
+        raise bad_request(f"{where}: '{part.type}' parts need 'text'", f"{where}.text")
+    return part.text
 
 
 def _assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,10 +119,11 @@ def _tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         if tool.type != "function":
             raise bad_request(
-                f"tools[{i}]: only function tools are supported, not '{tool.type}'", "tools"
+                f"tools[{i}]: only function tools are supported, not '{tool.type}'",
+                f"tools[{i}].type",
             )
         if not tool.name:
-            raise bad_request(f"tools[{i}]: a function tool needs 'name'", "tools")
+            raise bad_request(f"tools[{i}]: a function tool needs 'name'", f"tools[{i}].name")
         schema = tool.parameters or {"type": "object", "properties": {}}
         function = {"name": tool.name, "description": tool.description or "", "parameters": schema}
         out.append({"type": "function", "function": function})

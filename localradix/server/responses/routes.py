@@ -19,7 +19,7 @@ from litestar.openapi import ResponseSpec
 from litestar.types import ControllerRouterHandler
 
 from localradix.messages import ErrorCode
-from localradix.server.core.body import decode
+from localradix.server.core.body import decode, renamed
 from localradix.server.core.docs import AUTH, ERRORS
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import closed_on_error, json_response, state
@@ -73,6 +73,13 @@ def _earlier(
 )
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ResponsesRequest, RENAMES)
+    try:
+        return await _respond(request, body)
+    except APIError as exc:
+        raise _in_responses_terms(exc, body) from None
+
+
+async def _respond(request: Request[Any, Any, Any], body: ResponsesRequest) -> Response[Any]:
     manager = await state(request).manager_for(request, body.model)
     store = _store(request)
     earlier = _earlier(store, body.previous_response_id, manager.args.disable_radix_cache)
@@ -82,16 +89,19 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     job = await chat_job(manager, req, continues=earlier.token_ids if earlier else ())
     fields = render.echo(body, model)
     keep = partial(_keep, store, job, conversation) if body.store else _forget
-    try:
-        if earlier is not None and body.stream:  # an evicted prefix: a 400, not a failed stream
-            with closed_on_error(job):
-                await job.first_output()
-        events = partial(response_events, job, fields, keep) if body.stream else None
-        return await answer(request, job, events, partial(_whole, fields=fields, keep=keep))
-    except APIError as exc:
-        if exc.code == ErrorCode.PREFIX_EVICTED.value and body.previous_response_id:
-            raise _not_found(body.previous_response_id, "is no longer in the radix cache") from None
-        raise
+    if earlier is not None and body.stream:  # an evicted prefix: a 400, not a failed stream
+        with closed_on_error(job):
+            await job.first_output()
+    events = partial(response_events, job, fields, keep) if body.stream else None
+    return await answer(request, job, events, partial(_whole, fields=fields, keep=keep))
+
+
+def _in_responses_terms(exc: APIError, body: ResponsesRequest) -> APIError:
+    """An error the chat core raised, naming the Responses field it is about (`messages`:
+    `input`, `max_tokens`: `max_output_tokens`, `response_format`: `text.format`)."""
+    if exc.code == ErrorCode.PREFIX_EVICTED.value and body.previous_response_id:
+        return _not_found(body.previous_response_id, "is no longer in the radix cache")
+    return renamed(exc, RENAMES)
 
 
 def _whole(gathered: Gathered, fields: dict[str, Any], keep: Any) -> dict[str, Any]:

@@ -11,10 +11,12 @@ from typing import Any
 
 from localradix.parsers.events import ContentDelta, ToolCallDelta
 from localradix.parsers.output_parser import ReasoningContentDelta
+from localradix.server.core.body import renamed
 from localradix.server.core.gather import ParsedStream
 from localradix.server.core.http import encode_json
 from localradix.server.errors import APIError
 from localradix.server.responses import render
+from localradix.server.responses.request import RENAMES
 from localradix.server.tokenizer_manager import Job
 
 # The text part of each item kind: (its part, its delta event, its done event); calls have none.
@@ -128,6 +130,19 @@ class _Items:
         return out
 
 
+def _failed(event: _Events, start: dict[str, Any], err: APIError) -> list[bytes]:
+    """An error after the headers went out: the error event, then response.failed."""
+    failed = {
+        **start,
+        "status": "failed",
+        "error": {"code": err.code or "server_error", "message": err.message},
+    }
+    return [
+        event("error", {"code": err.code, "message": err.message, "param": err.param}),
+        event("response.failed", {"response": failed}),
+    ]
+
+
 async def response_events(
     job: Job, fields: dict[str, Any], keep: Callable[[dict[str, Any]], None]
 ) -> AsyncIterator[bytes]:
@@ -141,15 +156,8 @@ async def response_events(
         yield event("response.in_progress", {"response": start})
         async for events in stream.events():
             if isinstance(events, APIError):
-                yield event(
-                    "error", {"code": events.code, "message": events.message, "param": events.param}
-                )
-                failed = {
-                    **start,
-                    "status": "failed",
-                    "error": {"code": events.code or "server_error", "message": events.message},
-                }
-                yield event("response.failed", {"response": failed})
+                for chunk in _failed(event, start, renamed(events, RENAMES)):
+                    yield chunk
                 return
             for parsed in events:
                 for chunk in items.feed(parsed):
