@@ -89,6 +89,9 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         if msg.tool_calls:
             item["tool_calls"] = [_template_call(call) for call in msg.tool_calls]
             item.setdefault("content", "")  # templates read content even beside tool calls
+        if msg.reasoning_content and not (msg.tool_calls and item["content"]):
+            # gpt-oss's template reads reasoning as `thinking` (and refuses both beside calls)
+            item.setdefault("thinking", msg.reasoning_content)
         out.append(item)
     return out
 

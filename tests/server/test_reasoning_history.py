@@ -1,0 +1,49 @@
+"""Reasoning sent back in the history reaches templates that read it as `thinking` (gpt-oss),
+and a tool-call turn with both content and reasoning still renders (gpt-oss refuses both)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from localradix.loader.chat_template import render_chat_template
+from localradix.server.core.jobs import chat_messages
+from localradix.server.protocol import ChatCompletionRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parsers"))
+from template_turns import requires_templates, template  # noqa: E402
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+TOOLS = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]
+
+
+def _render(messages: list[dict]) -> str:
+    req = msgspec.convert({"model": "m", "messages": messages}, ChatCompletionRequest)
+    return render_chat_template(
+        template("openai-gpt-oss-120b"),
+        messages=chat_messages(req),
+        tools=TOOLS,
+        add_generation_prompt=True,
+    )
+
+
+@requires_templates
+@pytest.mark.parametrize("content", ["", "Calling f."])
+def test_reasoning_of_a_tool_call_turn_reaches_gpt_oss(content: str) -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": "Need f.",
+            "tool_calls": [CALL],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    prompt = _render(messages)
+    assert "to=functions.f" in prompt
+    # Without content the reasoning is the analysis message; with content, content is.
+    assert ("<|channel|>analysis<|message|>Need f.<|end|>" in prompt) == (not content)
