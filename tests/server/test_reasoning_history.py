@@ -47,3 +47,20 @@ def test_reasoning_of_a_tool_call_turn_reaches_gpt_oss(content: str) -> None:
     assert "to=functions.f" in prompt
     # Without content the reasoning is the analysis message; with content, content is.
     assert ("<|channel|>analysis<|message|>Need f.<|end|>" in prompt) == (not content)
+
+
+def test_reasoning_effort_from_every_dialect() -> None:
+    """OpenAI's reasoning_effort, Responses' reasoning.effort, Anthropic's thinking switch and
+    Ollama's think reach the chat request the same way."""
+    from localradix.server.core.jobs import effort_kwargs
+    from localradix.server.responses.protocol import ResponsesRequest
+    from localradix.server.responses.request import chat_request
+
+    body = {"input": "hi", "reasoning": {"effort": "none", "summary": "auto"}}
+    req = chat_request(
+        msgspec.convert(body, ResponsesRequest), "m", [{"role": "user", "content": "hi"}]
+    )
+    assert req.reasoning_effort == "none"
+    assert effort_kwargs("none") == {"reasoning_effort": "low", "enable_thinking": False}
+    assert effort_kwargs("high") == {"reasoning_effort": "high"}
+    assert effort_kwargs(None) == {}

@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
+from localradix.server.protocol import ReasoningEffort
+
 
 class Part(Struct, kw_only=True):
     """A content part: input_text / output_text / text (others are refused by name)."""
@@ -54,6 +56,11 @@ class TextConfig(Struct, kw_only=True):
     format: TextFormat | None = None
 
 
+class ReasoningConfig(Struct, kw_only=True):
+    effort: ReasoningEffort | None = None
+    summary: str | None = None  # accepted; the reasoning is returned whole
+
+
 class ResponsesRequest(Struct, kw_only=True):
     model: str | None = None
     input: Annotated[str, Meta(min_length=1)] | Annotated[list[InputItem], Meta(min_length=1)]
@@ -65,6 +72,7 @@ class ResponsesRequest(Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     stream: bool = False
     previous_response_id: str | None = None
     store: bool = True

@@ -178,6 +178,7 @@ def chat_request(
         "temperature": req.temperature,
         "top_p": req.top_p,
         "response_format": _response_format(req.text),
+        "reasoning_effort": req.reasoning.effort if req.reasoning else None,
     }
     return convert(
         {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
