@@ -106,6 +106,20 @@ def _from_http(exc: HTTPException) -> APIError:
     return APIError(status, detail, headers=headers)
 
 
+# nginx's "client closed request": counted apart from the server's own errors (the client
+# left mid-upload; no one reads the answer, and it must not look like a 5xx to alerting).
+CLIENT_CLOSED = 499
+
+
+def _client_left(exc: Exception) -> bool:
+    """Litestar reports a client that hung up while sending its body as an internal error."""
+    return (
+        isinstance(exc, HTTPException)
+        and exc.status_code == 500
+        and "client disconnected" in str(exc.detail)
+    )
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     if isinstance(exc, APIError):
         err = exc
@@ -113,6 +127,9 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         err = _from_validation(exc)
     elif isinstance(exc, RecursionError):  # JSON nested deeper than the decoder allows
         err = bad_request("the request body is nested too deeply")
+    elif _client_left(exc):
+        logger.info("client disconnected during its request to %s", request.url.path)
+        err = APIError(CLIENT_CLOSED, "the client closed the connection before its request ended")
     elif isinstance(exc, HTTPException):
         if exc.status_code >= 500:
             logger.error("HTTP %d on %s: %s", exc.status_code, request.url.path, exc.detail)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
-import os
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -174,8 +173,6 @@ class TokenizerManager:
         self.in_flight = 0  # engine requests sent and not finished
         self.names: set[str] = set()  # request `model` names that mean this model (model_pool)
         self.capacity = args.max_running_requests + args.max_queued_requests
-        self._ids = itertools.count()
-        self._rid_prefix = os.urandom(4).hex()
         self._token_text: dict[int, str] = {}
         template = getattr(tokenizer, "chat_template", None)
         self.tool_parser = tool_parser_for(args.tool_call_parser, template, self.tool_prompt.native)
@@ -231,7 +228,9 @@ class TokenizerManager:
             raise APIError(503, self.client.dead_message or "the engine is not ready yet")
 
     def new_rid(self) -> str:
-        return f"{self._rid_prefix}{next(self._ids):x}"
+        # Unguessable: ids name stored Responses (GET/DELETE /v1/responses/{id}), so a caller
+        # must not reach another's by counting.
+        return secrets.token_hex(12)
 
     def check_prompt(self, ids: Sequence[int], param: str) -> None:
         """Reject prompts the engine could not take (a 400 naming `param`; both lengths in the
@@ -261,6 +260,14 @@ class TokenizerManager:
                 param="model",
             )
         count = len(prompts) * params.n
+        if count > self.capacity:  # more than the server ever holds: retrying cannot help
+            raise APIError(
+                400,
+                f"this request needs {count} sequences ({len(prompts)} prompt(s) x n={params.n}), "
+                f"more than the server ever runs or queues ({self.capacity}: "
+                "--max-running-requests + --max-queued-requests); lower n or send fewer prompts",
+                param="n" if params.n > 1 else "prompt",
+            )
         if self.in_flight + count > self.capacity:
             raise APIError(
                 429,

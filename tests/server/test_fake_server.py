@@ -439,6 +439,10 @@ def test_fake_full_queue_answers_429_with_retry_after():
             ).status_code
             == 200
         )
+        # More sequences than the server ever holds: a 400 naming n, even when idle.
+        r = httpx.post(server.base + "/completions", json={**body, "stream": False, "n": 3})
+        assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+        assert r.json()["error"]["param"] == "n" and "lower n" in r.json()["error"]["message"]
     finally:
         assert server.stop() == 0
 

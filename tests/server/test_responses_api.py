@@ -5,6 +5,7 @@ One server per module."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -255,3 +256,16 @@ def test_without_the_radix_cache_nothing_can_be_continued():
         assert "--disable-radix-cache" in err.body["message"]
     finally:
         fake.stop()
+
+
+def test_response_ids_cannot_be_guessed(client, model):
+    """Ids name stored responses (GET / DELETE /v1/responses/{id}): 96 random bits each, so a
+    caller cannot reach another's by counting from its own."""
+    ids = [
+        client.responses.create(model=model, input=ASK, max_output_tokens=1, **GREEDY).id
+        for _ in range(3)
+    ]
+    for rid in ids:
+        assert re.fullmatch(r"resp_[0-9a-f]{24}", rid), rid
+    prefixes = {rid[: len("resp_") + 12] for rid in ids}
+    assert len(prefixes) == 3  # no shared counter prefix
