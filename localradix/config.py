@@ -182,6 +182,19 @@ class ServerArgs:
         default=30.0,
     )
     max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
+    http_header_timeout: float = _opt(
+        "seconds a connection may take to send a request's headers (from connecting, or from "
+        "the previous response); idle and slowloris sockets are closed after it",
+        default=30.0,
+    )
+    http_body_timeout: float = _opt(
+        "seconds a request's body may take to arrive after its headers", default=120.0
+    )
+    max_connections: int | None = _opt(
+        "open connections beyond which new ones get a 503 at once (default: the file-"
+        "descriptor limit less a reserve for the model, logs and the engine)",
+        default=None,
+    )
     default_max_tokens: int = _opt(
         "output cap in tokens for chat and completion requests that omit max_tokens (a reply "
         "it cuts ends with finish_reason 'length'); 0 = no cap: run to the context length, "

@@ -80,6 +80,10 @@ def check_serve_args(args: ServerArgs) -> str | None:
     problem = check_pool_args(args)
     if problem:
         return problem
+    if args.http_header_timeout <= 0 or args.http_body_timeout <= 0:
+        return "--http-header-timeout and --http-body-timeout must be > 0 seconds"
+    if args.max_connections is not None and args.max_connections < 1:
+        return "--max-connections must be at least 1"
     if args.chat_template and not os.path.isfile(args.chat_template):
         return f"--chat-template {args.chat_template}: no such file (give a .jinja template file)"
     try:
@@ -92,6 +96,29 @@ def check_serve_args(args: ServerArgs) -> str | None:
             "what listens there or pick a free port with --port"
         )
     return None
+
+
+FD_RESERVE = 128  # descriptors kept for the model files, logs, the engine and its sockets
+
+
+def connection_cap(args: ServerArgs) -> int:
+    """--max-connections, or what the descriptor limit leaves after the reserve."""
+    if args.max_connections is not None:
+        return args.max_connections
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, soft - FD_RESERVE)
+
+
+def _guarded_protocol(args: ServerArgs) -> type:
+    from localradix.server.http_protocol import GuardedH11Protocol
+
+    return GuardedH11Protocol.configure(
+        args.http_header_timeout, args.http_body_timeout, connection_cap(args)
+    )
 
 
 def serve(args: ServerArgs) -> int:
@@ -144,7 +171,7 @@ def serve(args: ServerArgs) -> int:
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=FINAL_FLUSH_S,
         limit_concurrency=None,
-        http=os.environ.get(HTTP_ENV, "auto"),
+        http=os.environ.get(HTTP_ENV) or _guarded_protocol(args),
     )
     server = _Server(config)
     state.request_exit = lambda: setattr(server, "should_exit", True)

@@ -114,6 +114,9 @@ class ServerState:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        from localradix.server.http_protocol import quiet_fd_exhaustion
+
+        quiet_fd_exhaustion(self._loop)
         default = self.pool.default
         try:
             await self._load(default)
