@@ -200,6 +200,19 @@ class TokenizerManager:
         return self.tool_parser == "generic"
 
     @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """An upper bound on the characters one token stands for: the longest token's raw
+        spelling (bytes or byte-level characters, never fewer than the text it decodes to)."""
+        pieces = self.tokenizer.convert_ids_to_tokens(range(self.vocab))
+        return max((len(p) for p in pieces if p), default=1)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on the tokens `text` takes in any tokenization: no token covers more
+        characters than the longest one, with a factor of 2 for normalizers that compose
+        characters (NFC joins a letter and its accent)."""
+        return len(text) // (2 * self.longest_token_chars)
+
+    @functools.cached_property
     def prompt_lead(self) -> list[int]:
         """The ids the tokenizer's rule puts before a prompt's text (its BOS, or none), for
         prompts built from ids (FIM): the tokens of a probe's encode_prompt before its text."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -239,3 +240,38 @@ def test_engine_death_gives_503_and_a_nonzero_exit():
         assert server.proc.wait(20) == 1
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_a_maximal_body_is_refused_from_its_length_and_health_keeps_answering(server, model):
+    """A prompt near the body limit that cannot fit the context in any tokenization is refused
+    before it is tokenized (seconds of tokenizer time otherwise), and /health never waits."""
+    text = ("the quick brown fox jumps over the lazy dog " * 180_000)[:7_900_000]
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            httpx.get(server.url + "/health", timeout=30)
+            latencies.append(time.monotonic() - start)
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        for route, body in (
+            ("/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+            ("/completions", {"prompt": text}),
+        ):
+            r = httpx.post(server.base + route, json={"model": model, **body}, timeout=120)
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["code"] == "context_length_exceeded", r.text
+            assert "at least" in error["message"]
+            assert error["param"] == ("messages" if "chat" in route else "prompt")
+    finally:
+        done.set()
+        poller.join()
+    assert latencies and max(latencies) < 1.0, max(latencies)
+    # A long prompt that may fit is tokenized and measured exactly, as before.
+    r = httpx.post(server.base + "/completions", json={"model": model, "prompt": text[:60_000]})
+    assert r.status_code == 400 and "at least" not in r.json()["error"]["message"], r.text

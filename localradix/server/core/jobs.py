@@ -65,9 +65,23 @@ async def encode(manager: TokenizerManager, text: str) -> list[int]:
     return await _tokenized(manager.tokenizer.encode, text, False)
 
 
-async def encode_prompt(manager: TokenizerManager, text: str) -> list[int]:
+async def encode_prompt(
+    manager: TokenizerManager, text: str, param: str | None = None
+) -> list[int]:
     """A whole prompt: BOS (and EOS) where the model's tokenizer adds them, never a second BOS
-    after a chat template's own; every route's usage.prompt_tokens counts these ids."""
+    after a chat template's own; every route's usage.prompt_tokens counts these ids. With
+    `param`, a text too long to fit the context in any tokenization is refused (a 400 naming
+    it) before it is tokenized: an 8 MiB prompt costs seconds of tokenizer time otherwise."""
+    if param is not None and len(text) > LONG_TEXT_CHARS:
+        fewest = await asyncio.to_thread(manager.fewest_tokens, text)
+        if fewest >= manager.context_length:
+            raise APIError(
+                400,
+                f"the prompt is at least {fewest} tokens long ({len(text)} characters) but the "
+                f"model's context length is {manager.context_length} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
     return await _tokenized(manager.tokenizer.encode_prompt, text)
 
 
@@ -196,7 +210,7 @@ async def chat_job(
     output, tool_constraint = tool_setup(manager, req, text)
     if tool_constraint is not None:  # forced tool calls win over response_format
         constraint, constraint_param = tool_constraint, "tool_choice"
-    ids = after_context(manager, context, await encode_prompt(manager, text))
+    ids = after_context(manager, context, await encode_prompt(manager, text, "messages"))
     manager.check_prompt(ids, "messages")
     given = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -283,12 +297,12 @@ async def _fim_completion_prompt(manager: TokenizerManager, prompt: Any, suffix:
 
 async def _completion_prompts(manager: TokenizerManager, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [await encode_prompt(manager, prompt)]
+        return [await encode_prompt(manager, prompt, "prompt")]
     prompts: Sequence[list[int]]
     if all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     elif all(isinstance(p, str) for p in prompt):
-        prompts = [await encode_prompt(manager, p) for p in prompt]
+        prompts = [await encode_prompt(manager, p, "prompt") for p in prompt]
     elif all(isinstance(p, list) for p in prompt):
         prompts = [list(p) for p in prompt]
     else:
