@@ -182,6 +182,12 @@ class ServerArgs:
         default=30.0,
     )
     max_body_bytes: int = _opt("largest accepted request body", default=8 * 1024 * 1024)
+    engine_restarts: int = _opt(
+        "times the engine is restarted after it dies (crash, OOM kill) within 10 minutes; "
+        "requests get 503 while it restarts, its cache comes back cold; beyond it (or with 0) "
+        "the server exits non-zero",
+        default=5,
+    )
     http_header_timeout: float = _opt(
         "seconds a connection may take to send a request's headers (from connecting, or from "
         "the previous response); idle and slowloris sockets are closed after it",

@@ -203,10 +203,7 @@ class EngineClient:
 
     def _died(self, exitcode: int | None) -> None:
         reason = f": {self._fatal}" if self._fatal else ""
-        message = (
-            f"the engine process exited unexpectedly (exit code {exitcode}){reason}; "
-            "the server is shutting down, restart it"
-        )
+        message = f"the engine process exited unexpectedly (exit code {exitcode}){reason}"
         logger.error("%s", message)
         self.stop_serving(message)
         for callback in self.on_death:

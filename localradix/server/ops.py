@@ -96,7 +96,14 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     if err is not None:
         return error_response(err)
     models = {m["name"]: m["state"] for m in server.pool.describe()}
-    return json_response({"status": "ok", "model": server.client.loaded.name, "models": models})
+    return json_response(
+        {
+            "status": "ok",
+            "model": server.client.loaded.name,
+            "models": models,
+            "engine_restarts": server.engine_restarts,
+        }
+    )
 
 
 @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")

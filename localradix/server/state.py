@@ -32,6 +32,8 @@ from localradix.server.tokenizer_manager import TokenizerManager
 logger = logging.getLogger("localradix.server")
 
 DEATH_GRACE_S = 2.0  # keep answering 503 this long after the engine died, then exit non-zero
+RESTART_WINDOW_S = 600.0  # --engine-restarts counts the restarts within this window
+RESTART_BACKOFF_S = (0.5, 2.0, 5.0, 10.0, 30.0)  # before the 1st, 2nd, ... restart in the window
 ABORT_FLUSH_S = 5.0  # after the drain deadline: time for the aborted responses to go out
 SHUTDOWN_RETRY_AFTER_S = 5
 SHUTTING_DOWN = "the server is shutting down; retry on a server that is running"
@@ -76,6 +78,9 @@ class ServerState:
         self._stop_now = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._restarts: list[float] = []  # monotonic times of the restarts in the window
+        self.restarting: str | None = None  # why requests get 503 while the engine restarts
+        self.engine_restarts = 0  # since the server started
 
     @property
     def client(self) -> EngineClient:
@@ -137,8 +142,43 @@ class ServerState:
         self.pool.close_sync()
 
     def _engine_died(self, message: str) -> None:
-        self.exit_code = 1
-        asyncio.get_running_loop().call_later(DEATH_GRACE_S, self.request_exit)
+        """Restart the default model's engine (with backoff), or exit non-zero once
+        --engine-restarts restarts within RESTART_WINDOW_S are spent (or while draining)."""
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S]
+        if self.draining or len(self._restarts) >= self.args.engine_restarts:
+            if self.args.engine_restarts and not self.draining:
+                logger.error(
+                    "the engine died %d times within %.0f minutes: giving up (exit 1)",
+                    len(self._restarts) + 1,
+                    RESTART_WINDOW_S / 60,
+                )
+            self.exit_code = 1
+            asyncio.get_running_loop().call_later(DEATH_GRACE_S, self.request_exit)
+            return
+        delay = RESTART_BACKOFF_S[min(len(self._restarts), len(RESTART_BACKOFF_S) - 1)]
+        self._restarts.append(now)
+        self.restarting = f"{message}; restarting it (the cache comes back cold)"
+        logger.warning("%s; restarting it in %g s", message, delay)
+        asyncio.ensure_future(self._restart(delay))
+
+    async def _restart(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        default, manager = self.pool.default, self.manager
+        assert manager is not None
+        dead, client = default.client, self._new_client(self.args)
+        dead.close_sync()  # its process is gone: release its sockets and folder
+        default.client = manager.client = client
+        try:
+            await client.start()
+        except Exception as exc:  # counts as another death: backoff, or give up
+            client.close_sync()
+            self._engine_died(f"the engine failed to restart: {exc}")
+            return
+        client.on_death.append(self._engine_died)
+        self.restarting = None
+        self.engine_restarts += 1
+        logger.info("the engine is back (restart %d); serving again", self.engine_restarts)
 
     def unavailable(self) -> APIError | None:
         """Why requests cannot be served now (None: they can)."""
@@ -146,6 +186,8 @@ class ServerState:
             return APIError(
                 503, SHUTTING_DOWN, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}
             )
+        if self.restarting is not None:
+            return APIError(503, self.restarting, headers={"Retry-After": "2"})
         if self.manager is None or not self.client.alive:
             return APIError(503, self.client.dead_message or "the server is still starting")
         return None

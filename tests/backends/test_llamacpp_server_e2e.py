@@ -3,7 +3,7 @@
 The tests of tests/server/test_e2e_real.py (OpenAI SDK, streaming, tools, aborts, the KV leak
 check) and test_structured_e2e.py (JSON schema, regex, forced tool calls) are imported here and
 run against a server started with `--backend llamacpp` (this module's `server` fixture
-overrides theirs). The engine-death test is left out: it starts its own server and tests the
+overrides theirs). The engine-death tests are left out: they start their own server and test the
 server, not the backend.
 """
 
@@ -28,6 +28,7 @@ if HAS_LLAMA_CPP:
     from test_structured_e2e import *  # noqa: F403
 
     del test_engine_death_gives_503_and_a_nonzero_exit  # noqa: F821
+    del test_engine_death_gives_503_then_a_restart_and_serves_again  # noqa: F821
     # These three pin the torch path's answer ("The capital of France is Paris."), which
     # llama.cpp's Q4_1 kernels (activations quantized to 8 bits) do not give for this prompt,
     # and a seed reproduced across a cache hit; their llama.cpp versions are below.

@@ -227,8 +227,25 @@ def test_healthy_and_idle_after_the_fuzzing(server):
     assert wait_until(lambda: engine_idle(server), timeout=60), stats(server)
 
 
-def test_engine_death_gives_503_and_a_nonzero_exit():
+def test_engine_death_gives_503_then_a_restart_and_serves_again():
+    """Killing the engine twice: two restarts, a served request after each (cold cache)."""
     server = start_server(["--max-total-tokens", "4096"], fake=False)
+    body = {"prompt": "hi", "max_tokens": 2}
+    try:
+        for restart in (1, 2):
+            os.kill(stats(server)["engine_pid"], signal.SIGKILL)
+            time.sleep(0.3)
+            r = httpx.post(server.base + "/completions", json=body)
+            assert r.status_code == 503 and "engine process exited" in r.json()["error"]["message"]
+            served = lambda: httpx.post(server.base + "/completions", json=body).status_code == 200  # noqa: E731
+            assert wait_until(served, timeout=120), server.log()[-3000:]
+            assert httpx.get(server.url + "/health").json()["engine_restarts"] == restart
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_engine_death_gives_503_and_a_nonzero_exit():
+    server = start_server(["--max-total-tokens", "4096", "--engine-restarts", "0"], fake=False)
     try:
         pid = stats(server)["engine_pid"]
         os.kill(pid, signal.SIGKILL)

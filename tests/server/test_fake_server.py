@@ -447,22 +447,39 @@ def test_fake_full_queue_answers_429_with_retry_after():
         assert server.stop() == 0
 
 
-def test_fake_engine_crash_gives_503_and_nonzero_exit():
+def _crash(server) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "CRASH", "max_tokens": 5}
+    return httpx.post(server.base + "/completions", json=body, timeout=10)
+
+
+def _served(server) -> bool:
+    body = {"model": MODEL, "prompt": "fine", "max_tokens": 3}
+    return httpx.post(server.base + "/completions", json=body, timeout=10).status_code == 200
+
+
+def test_fake_engine_crash_gives_503_then_a_restarted_engine_serves():
     server = start_server([], fake=True)
     try:
-        r = httpx.post(
-            server.base + "/completions",
-            json={"model": MODEL, "prompt": "CRASH", "max_tokens": 5},
-            timeout=10,
-        )
+        for restart in (1, 2):
+            r = _crash(server)
+            assert r.status_code == 503, r.text
+            assert "engine process exited" in r.json()["error"]["message"]
+            health = httpx.get(server.url + "/health")
+            if health.status_code == 503:  # while it restarts: says so, with Retry-After
+                assert "restarting" in health.json()["error"]["message"]
+            assert wait_until(lambda: _served(server), timeout=30), server.log()[-2000:]
+            assert httpx.get(server.url + "/health").json()["engine_restarts"] == restart
+        assert "restarting it in" in server.log() and "serving again" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()[-2000:]
+
+
+def test_fake_engine_crash_with_no_restarts_left_exits_nonzero():
+    server = start_server(["--engine-restarts", "0"], fake=True)
+    try:
+        r = _crash(server)
         assert r.status_code == 503, r.text
         assert "engine process exited" in r.json()["error"]["message"]
-        r = httpx.post(
-            server.base + "/completions",
-            json={"model": MODEL, "prompt": "fine", "max_tokens": 5},
-            timeout=10,
-        )
-        assert r.status_code in (503,) or r is None
         assert server.proc.wait(15) == 1
     finally:
         server.stop(signal.SIGKILL)
