@@ -99,6 +99,13 @@ class ServerArgs:
         "longest prefill chunk in tokens (0 = never chunk)", default=2048
     )
     max_prefill_tokens: int = _opt("token budget of one prefill batch", default=8192)
+    step_budget_ms: float = _opt(
+        "the time one prefill step should take, so requests that arrive during a long "
+        "prompt's prefill wait at most about this long: its chunks are sized from the measured "
+        "prefill speed, up to --chunked-prefill-size, and new short requests go first (0 = "
+        "fixed chunks)",
+        default=500.0,
+    )
     max_running_requests: int = _opt("most requests decoding at once", default=64)
     max_queued_requests: int = _opt("waiting requests before new ones get 429", default=1024)
     new_token_ratio: float = _opt(

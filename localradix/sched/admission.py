@@ -2,7 +2,10 @@
 
 Prefill has priority over decode. The budget (`PrefillBudget`) is free + evictable KV minus
 what running requests will likely need to decode; the waiting queue is ordered by the
-schedule policy; one long prompt at a time is prefilled in chunks.
+schedule policy; one long prompt at a time is prefilled in chunks. A step takes as many prompt
+tokens as `PrefillPace` allows (a time budget, from the measured prefill speed); while a long
+prompt is chunked, the requests that arrive meanwhile and fit whole go first, and the chunk
+takes what is left (at least a minimum, so the long prompt always moves on).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Literal
 from localradix.config import ServerArgs
 from localradix.messages import ErrorCode
 from localradix.sched.policy import PrefillBudget, order_waiting
+from localradix.sched.prefill_pace import MIN_STEP_TOKENS, PrefillPace
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
 from localradix.sched.slot_handoff import SlotHandoff
@@ -27,34 +31,49 @@ class PrefillAdmission:
     queues: RequestQueues
     slots: SlotHandoff
     stats: SchedulerStats
+    pace: PrefillPace | None = None  # None: fixed --chunked-prefill-size chunks
 
     def admit(self, new_token_ratio: float) -> list[Req]:
         """The requests that prefill in this step (empty when none fits), moved out of the
         waiting queue with their slots reserved."""
-        q, limit = self.queues, self.args.max_running_requests
-        if q.chunked is None and (not q.waiting or len(q.running) >= limit):
+        q = self.queues
+        if q.chunked is None and (
+            not q.waiting or len(q.running) >= self.args.max_running_requests
+        ):
             return []
         budget = self._budget(new_token_ratio)
-        if q.chunked is not None and not self._continue_chunk(budget):
+        chunked = q.chunked
+        self._admit_waiting(budget)  # with a chunk in flight: only whole prompts, before it
+        if chunked is not None and not self._continue_chunk(budget) and not budget.admitted:
             return []
-        for req in order_waiting(q.waiting, self.args.schedule_policy, self.slots.match):
-            if len(q.running) + len(budget.admitted) >= limit:
-                break
-            if self._try_admit(req, budget) == "stop":
-                break
+        if chunked is not None and q.chunked is None:  # its last chunk: others may now chunk
+            self._admit_waiting(budget)
         admitted = set(map(id, budget.admitted))
         q.waiting = [r for r in q.waiting if id(r) not in admitted and not r.finished]
         if budget.admitted:
             self.stats.log_prefill(budget.admitted)
         return budget.admitted
 
+    def _admit_waiting(self, budget: PrefillBudget) -> None:
+        q, limit = self.queues, self.args.max_running_requests
+        for req in order_waiting(q.waiting, self.args.schedule_policy, self.slots.match):
+            if len(q.running) + len(budget.admitted) >= limit:
+                break
+            if req in budget.admitted or req is q.chunked:
+                continue
+            if self._try_admit(req, budget) == "stop":
+                break
+
     def _budget(self, ratio: float) -> PrefillBudget:
         cache = self.slots.cache
+        step = self.pace.step_tokens() if self.pace else self.args.chunked_prefill_size
         return PrefillBudget(
             available=self.slots.pool.available + cache.evictable_size,
             reserved=sum(r.remaining_new_tokens * ratio for r in self.queues.running),
-            max_prefill_tokens=self.args.max_prefill_tokens,
-            chunk_size=self.args.chunked_prefill_size,
+            max_prefill_tokens=min(
+                self.args.max_prefill_tokens, step or self.args.max_prefill_tokens
+            ),
+            chunk_size=step,
             new_token_ratio=ratio,
         )
 
@@ -64,7 +83,12 @@ class PrefillAdmission:
         assert req is not None
         key = req.all_ids
         todo = len(key) - req.kv_len
-        extend = budget.extend_size(req, todo) or min(todo, max(budget.chunk_size, 1))
+        # When the step's tokens went to newcomers, the chunk still takes a minimum: the long
+        # prompt moves on every step it can.
+        fallback = max(budget.chunk_size, 1)
+        if budget.prefill_left <= 0:
+            fallback = min(fallback, MIN_STEP_TOKENS)
+        extend = budget.extend_size(req, todo) or min(todo, fallback)
         extend = self.slots.align_chunk(extend, todo) or min(todo, self.slots.page)
         extend = self.slots.snapshot_cap(req, req.kv_len, extend)
         if not self.slots.reserve(req, extend):

@@ -42,8 +42,9 @@ from localradix.sched.decode import DecodePlanner
 from localradix.sched.intake import Intake
 from localradix.sched.launch import InFlight, StepLauncher
 from localradix.sched.pins import PinKeeper
+from localradix.sched.prefill_pace import PrefillPace
 from localradix.sched.queues import RequestQueues
-from localradix.sched.request import Req
+from localradix.sched.request import Req, ReqState
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.speculation import Speculator
 from localradix.sched.stats import SchedulerStats
@@ -101,7 +102,10 @@ class Scheduler:
             grammar=grammar,
             embeds=runner.embeds,
         )
-        self.admission = PrefillAdmission(args, self.queues, self.slots, self.counters)
+        self.pace = PrefillPace(args.step_budget_ms / 1000, args.chunked_prefill_size, page)
+        self.counters.pace = self.pace
+        self.admission = PrefillAdmission(args, self.queues, self.slots, self.counters, self.pace)
+        self._prefilled_last = False  # the last step was a prefill step
         self.decoding = DecodePlanner(args, self.queues, self.slots, self.counters, context_len)
         self.speculator = Speculator(
             args, self.slots, self.cache, context_len, vocab_size, self._speculates(args, runner)
@@ -175,7 +179,26 @@ class Scheduler:
         return self.queues.collect_outputs()
 
     def _schedule(self) -> list[Req]:
-        """Prefill has priority; with --mixed-prefill the running requests decode along."""
+        """Prefill has priority; with --mixed-prefill the running requests decode along.
+        Without it, a long prompt's chunks alternate with decode steps, so the requests that
+        are generating are not stalled until the whole prompt is in."""
+        if self._decode_turn():
+            self._prefilled_last = False
+            return self.decoding.plan()
+        batch = self._admit_or_plan()
+        self._prefilled_last = bool(batch) and batch[0].state == ReqState.PREFILL
+        return batch
+
+    def _decode_turn(self) -> bool:
+        q = self.queues
+        return (
+            self._prefilled_last
+            and not self.mixed
+            and q.chunked is not None
+            and any(r.state == ReqState.DECODE for r in q.running)
+        )
+
+    def _admit_or_plan(self) -> list[Req]:
         batch = self.admission.admit(self.decoding.new_token_ratio)
         if not batch and self.pins.unstick():
             batch = self.admission.admit(self.decoding.new_token_ratio)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from localradix.mem.radix_cache import MatchResult
 from localradix.mem.snapshot_store import SnapshotStore
 from localradix.messages import EngineStats
+from localradix.sched.prefill_pace import PrefillPace
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req
 from localradix.sched.slot_handoff import SlotHandoff
@@ -61,6 +62,7 @@ class SchedulerStats:
         self.decode_steps = 0
         self.spec = SpecCounters()  # verify steps (request-steps with drafts), summed
         self.last_read = 0.0  # when the host last read a step's tokens (step timing)
+        self.pace: PrefillPace | None = None  # sizes prefill steps from their measured time
         self.recent_misses: deque[dict] = deque(maxlen=16)
         self._prefixes: tuple[dict, ...] = ()
         self._prefixes_at = -PREFIXES_REFRESH_S
@@ -70,7 +72,10 @@ class SchedulerStats:
         came later (with overlap the two steps ran back to back)."""
         now = time.monotonic()
         meter = self.prefill_meter if is_prefill else self.decode_meter
-        meter.add(num_tokens, now - max(started, self.last_read))
+        busy = now - max(started, self.last_read)
+        meter.add(num_tokens, busy)
+        if is_prefill and self.pace is not None:
+            self.pace.record(num_tokens, busy)
         self.last_read = now
 
     def count_decode_step(self) -> None:
