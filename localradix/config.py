@@ -104,7 +104,7 @@ class ServerArgs:
         "prompt's prefill wait at most about this long: its chunks are sized from the measured "
         "prefill speed, up to --chunked-prefill-size, and new short requests go first (0 = "
         "fixed chunks)",
-        default=500.0,
+        default=1000.0,
     )
     max_running_requests: int = _opt("most requests decoding at once", default=64)
     max_queued_requests: int = _opt("waiting requests before new ones get 429", default=1024)

@@ -32,6 +32,7 @@ class PrefillAdmission:
     slots: SlotHandoff
     stats: SchedulerStats
     pace: PrefillPace | None = None  # None: fixed --chunked-prefill-size chunks
+    _yielded: bool = False  # the chunk sat the last step out for newcomers
 
     def admit(self, new_token_ratio: float) -> list[Req]:
         """The requests that prefill in this step (empty when none fits), moved out of the
@@ -44,7 +45,9 @@ class PrefillAdmission:
         budget = self._budget(new_token_ratio)
         chunked = q.chunked
         self._admit_waiting(budget)  # with a chunk in flight: only whole prompts, before it
-        if chunked is not None and not self._continue_chunk(budget) and not budget.admitted:
+        if chunked is not None and self._chunk_yields(budget):
+            pass  # newcomers alone: their first tokens come after this short step
+        elif chunked is not None and not self._continue_chunk(budget) and not budget.admitted:
             return []
         if chunked is not None and q.chunked is None:  # its last chunk: others may now chunk
             self._admit_waiting(budget)
@@ -53,6 +56,13 @@ class PrefillAdmission:
         if budget.admitted:
             self.stats.log_prefill(budget.admitted)
         return budget.admitted
+
+    def _chunk_yields(self, budget: PrefillBudget) -> bool:
+        """Whether the long prompt's chunk sits this step out so the newcomers admitted run in
+        a short step of their own; never twice running, so the long prompt keeps moving."""
+        yields = bool(budget.admitted) and not self._yielded
+        self._yielded = yields
+        return yields
 
     def _admit_waiting(self, budget: PrefillBudget) -> None:
         q, limit = self.queues, self.args.max_running_requests

@@ -19,12 +19,12 @@ LONG = tuple(
 
 
 def test_the_pace_follows_the_measured_speed_within_its_bounds() -> None:
-    pace = PrefillPace(budget_s=0.5, cap=2048, page=16)
+    pace = PrefillPace(budget_s=2.0, cap=2048, page=16)
     assert pace.step_tokens() == FIRST_STEP_TOKENS  # nothing measured yet: a probe
-    pace.record(200, 1.0)  # 5 ms a token: 100 tokens in 0.5 s, a page multiple
-    assert pace.step_tokens() == 96
+    pace.record(300, 1.7)  # ~5.7 ms a token: 353 tokens in 2 s, a page multiple
+    assert pace.step_tokens() == 352
     pace.record(8, 100.0)  # too small a step to time tokens: ignored
-    assert pace.step_tokens() == 96
+    assert pace.step_tokens() == 352
     pace.record(100, 10.0)  # much slower now (attention grows): never below the minimum
     assert pace.step_tokens() == MIN_STEP_TOKENS
     for _ in range(20):
@@ -92,6 +92,7 @@ def test_the_measured_pace_sizes_the_chunks() -> None:
         KVHashRunner(4000),
         _args(chunked_prefill_size=256, max_prefill_tokens=8192, step_budget_ms=500.0),
     )
+    sched.pace.min_tokens = 8  # the hash model's context is 96 tokens: a small minimum
     sched.pace.seconds_per_token = 0.01  # as if measured: 50 tokens fit in 0.5 s
     sched.add_request(GenerateRequest("long", LONG, GREEDY))
     sizes = []
@@ -101,3 +102,15 @@ def test_the_measured_pace_sizes_the_chunks() -> None:
         sched.launcher.read(sched.launcher.launch(batch))
         sched.pace.seconds_per_token = 0.01  # keep it fixed against the real clock
     assert sizes[:-1] and all(n == 50 for n in sizes[:-1]), sizes
+
+
+def test_a_stream_of_newcomers_never_stops_the_long_prompt() -> None:
+    """Newcomers get a step of their own (the chunk sits it out), but never two in a row: with
+    one arriving every step the long prompt still takes a chunk every other prefill step (every
+    4th step here, with the decode steps between, instead of never)."""
+    long = GenerateRequest("long", LONG, GREEDY)
+    shorts = {s: [GenerateRequest(f"s{s}", (7, 8 + s % 30), GREEDY)] for s in range(1, 30)}
+    run = _run(_args(), {0: [long], **shorts})
+    chunks = -(-len(LONG) // 14)  # chunks of 14-16: the newcomers take a token or two
+    assert run["at"]["long"][0] <= 4 * chunks, run["at"]["long"]
+    assert all(run["at"][f"s{s}"][0] <= s + 1 for s in range(1, 30))  # each starts at once
