@@ -158,7 +158,8 @@ def test_a_second_signal_ends_the_drain_at_once():
 
 
 def test_engine_killed_mid_stream_errors_every_client_and_exits_nonzero():
-    server = start_server(ARGS, fake=False)
+    """With --engine-restarts 0 (the restarts themselves: test_e2e_real, test_fake_server)."""
+    server = start_server([*ARGS, "--engine-restarts", "0"], fake=False)
     try:
         outcomes = [Outcome(stream, LONG) for stream in (True, True, True, False, False)]
         threads = start_clients(server.url, outcomes)
