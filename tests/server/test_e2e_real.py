@@ -185,9 +185,11 @@ def _within_budget(body: object) -> None:
     if not isinstance(body, dict):
         return
     body.pop("model", None)
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if not isinstance(body.get(key), int) or body[key] > 8:
             body[key] = 8
+    if isinstance(body.get("options"), dict):  # Ollama's
+        body["options"]["num_predict"] = 8
     if isinstance(body.get("n"), int) and body["n"] > 2:
         body["n"] = 2
 
