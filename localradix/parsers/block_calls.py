@@ -15,7 +15,7 @@ schema (`tool_schemas`), as the templates that write them do: strings raw, the r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from localradix.parsers.json_scan import WHITESPACE
@@ -60,6 +60,22 @@ class BlockToolParser(ToolCallStreamParser):
         """The JSON schema of `function`'s `parameter` (None when unknown)."""
         properties = (self._tool_schemas.get(function) or {}).get("properties")
         return properties.get(parameter) if isinstance(properties, dict) else None
+
+
+def read_sequence(
+    body: str, read_one: Callable[[str], tuple[Call, str] | None]
+) -> list[Call] | None:
+    """The calls `read_one` reads one after another from `body` (whitespace between them);
+    None when any part is not a call."""
+    calls: list[Call] = []
+    rest = body.lstrip(WHITESPACE)
+    while rest:
+        read = read_one(rest)
+        if read is None:
+            return None
+        calls.append(read[0])
+        rest = read[1].lstrip(WHITESPACE)
+    return calls
 
 
 def arguments_text(arguments: Any) -> str:

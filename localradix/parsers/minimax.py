@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.parsers.block_calls import BlockToolParser, Call, is_name, param_value, value_end
+from localradix.parsers.block_calls import (
+    BlockToolParser,
+    Call,
+    is_name,
+    param_value,
+    read_sequence,
+    value_end,
+)
 from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.structural_tag import (
     ArgsFormat,
@@ -46,15 +53,7 @@ class MiniMaxM2ToolParser(BlockToolParser):
     special_markers = (BLOCK, "</minimax:tool_call>")
 
     def read_calls(self, body: str) -> list[Call] | None:
-        calls: list[Call] = []
-        rest = body.lstrip(WHITESPACE)
-        while rest:
-            read = self._read_invoke(rest)
-            if read is None:
-                return None
-            calls.append(read[0])
-            rest = read[1].lstrip(WHITESPACE)
-        return calls
+        return read_sequence(body, self._read_invoke)
 
     def _read_invoke(self, text: str) -> tuple[Call, str] | None:
         """`<invoke name="NAME">` parameters `</invoke>` at the start of `text`: the call and

@@ -32,7 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.parsers.block_calls import BlockToolParser, Call, is_name, param_value, value_end
+from localradix.parsers.block_calls import (
+    BlockToolParser,
+    Call,
+    is_name,
+    param_value,
+    read_sequence,
+    value_end,
+)
 from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.structural_tag import (
     ArgsFormat,
@@ -61,15 +68,7 @@ class Qwen3CoderToolParser(BlockToolParser):
     special_markers = ("<tool_call>", "</tool_call>")
 
     def read_calls(self, body: str) -> list[Call] | None:
-        calls: list[Call] = []
-        rest = body.lstrip(WHITESPACE)
-        while rest:
-            read = self._read_function(rest)
-            if read is None:
-                return None
-            calls.append(read[0])
-            rest = read[1].lstrip(WHITESPACE)
-        return calls
+        return read_sequence(body, self._read_function)
 
     def _read_function(self, text: str) -> tuple[Call, str] | None:
         """`<function=NAME>` parameters `</function>` at the start of `text`: the call and
