@@ -19,6 +19,12 @@ TEXTS = [
     "Roses are red,\nviolets are blue,\nsugar is sweet,\nand so are you.",
 ]
 BACKENDS = ["cpu", "llamacpp"]
+# How far llama.cpp moves the gap between two tokens when one history is computed in another
+# shape: over these prompts' 3 x 64 greedy positions, decoded three at a time vs prefilled in
+# one go, the top-two gap moved by 0.10 nats at the median and 0.74 at most (the engine's
+# decode equals llama-cpp-python's own bit for bit under the same settings, so this is
+# llama.cpp's f16 arithmetic, not ours). CI once saw on and off part at a 0.118-nat tie.
+SHAPE_NOISE_NATS = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +95,11 @@ def test_retraction_with_speculation(gguf, backend):
 def _assert_same_up_to_near_ties(
     engine: Engine, prompts: list[list[int]], off: list[list[int]], on: list[list[int]]
 ) -> None:
-    """llama.cpp's logits depend on the batch's shape in the last bits (a k+1-row verify, a
-    retracted request's re-prefill, who else is in the batch), and which k a request drafts
-    depends on measured step times: where on and off differ, the first differing token must
-    be a near-tie between the two, i.e. both within 0.1 nats of the top in a one-request run
-    (seen: 0.05 nats apart at token 34 of the third prompt)."""
+    """llama.cpp's logits depend on the batch's shape (a k+1-row verify, a retracted request's
+    re-prefill, who else is in the batch), and which k a request drafts depends on measured step
+    times: where on and off differ, the first differing token must be a near-tie between the
+    two, i.e. both within SHAPE_NOISE_NATS of the top in a one-request run. A corrupted cache
+    picks tokens several nats down, or outside the top 4."""
     one = SamplingParams(temperature=0, max_new_tokens=1, logprobs=4, speculative=False)
     for prompt, a, b in zip(prompts, off, on):
         if a == b:
@@ -102,7 +108,13 @@ def _assert_same_up_to_near_ties(
         engine.flush_cache()
         top = dict(engine.generate([prompt + a[:i]], one)[0].logprobs[0].top)
         best = max(top.values())
-        assert best - top.get(a[i], -99) < 0.1 and best - top.get(b[i], -99) < 0.1, (i, top)
+        assert (
+            best - top.get(a[i], -99) < SHAPE_NOISE_NATS
+            and best - top.get(b[i], -99) < SHAPE_NOISE_NATS
+        ), (
+            i,
+            top,
+        )
 
 
 def test_grammar_requests_draft_what_their_grammar_allows(gguf):
