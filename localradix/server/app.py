@@ -61,6 +61,29 @@ def dialect_error_body(path: str, err: APIError) -> Any:
     return err.body()
 
 
+def _dialect_bodies() -> dict[str, type]:
+    """The bodies the other dialects' routes decode (their own Structs), for the schema."""
+    from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+    from localradix.server.infill import InfillBody
+    from localradix.server.ollama.embed import EmbedBody, EmbeddingsBody
+    from localradix.server.ollama.protocol import ChatBody, GenerateBody
+    from localradix.server.responses.protocol import ResponsesRequest
+
+    return {
+        "/api/chat": ChatBody,
+        "/api/generate": GenerateBody,
+        "/api/embed": EmbedBody,
+        "/api/embeddings": EmbeddingsBody,
+        "/v1/messages": MessagesRequest,
+        "/v1/messages/count_tokens": CountTokensRequest,
+        "/v1/responses": ResponsesRequest,
+        "/infill": InfillBody,
+    }
+
+
+_DIALECT_BODIES = _dialect_bodies()
+
+
 def create_app(
     args: ServerArgs,
     *,
@@ -98,5 +121,5 @@ def create_app(
     )
     app.state.server = server
     app.state.policy = policy
-    publish_request_bodies(app, {**REQUEST_BODIES, **tokenize.REQUEST_BODIES})
+    publish_request_bodies(app, {**REQUEST_BODIES, **tokenize.REQUEST_BODIES, **_DIALECT_BODIES})
     return app
