@@ -166,7 +166,9 @@ class ServerArgs:
         default=None,
     )
     api_key_file: str | None = _opt(
-        "read the API key from this file (default: $LOCALRADIX_API_KEY, if set)", default=None
+        "read the API keys from this file, one per line: each user's stored responses stay "
+        "their own (default: $LOCALRADIX_API_KEY, if set)",
+        default=None,
     )
     cors_origins: tuple[str, ...] = _opt(
         "web origins allowed to call the server ('*': any); CORS is off and requests with "

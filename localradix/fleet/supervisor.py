@@ -102,7 +102,9 @@ def _replica(index: int, args: ServerArgs, placement: Placement, backoff: Backof
     argv = serve_argv(argparse.Namespace(**dataclasses.asdict(worker)), port)
     env = {**localradix_env(), **placement.env, **_key_env(args)}
     logger.info("replica %d: %s", index, placement.label)
-    return Child(f"replica {index}", [*argv, *placement.flags], port, env, backoff)
+    # A key file may list several keys: each replica reads it (a path in argv reveals nothing).
+    keys = ["--api-key-file", args.api_key_file] if args.api_key_file and not args.api_key else []
+    return Child(f"replica {index}", [*argv, *placement.flags, *keys], port, env, backoff)
 
 
 def _key_env(args: ServerArgs) -> dict[str, str]:

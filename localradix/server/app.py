@@ -23,7 +23,7 @@ from localradix.server.engine_process import DEFAULT_CORE
 from localradix.server.errors import APIError
 from localradix.server.model_pool import LEASES
 from localradix.server.openai.routes import REQUEST_BODIES
-from localradix.server.security import AccessPolicy, access_middleware, resolve_api_key
+from localradix.server.security import AccessPolicy, access_middleware, resolve_api_keys
 from localradix.server.state import ServerState, default_tokenizer
 
 __all__ = ["create_app", "default_tokenizer"]
@@ -91,7 +91,7 @@ def create_app(
     tokenizer_factory: Callable[[ServerArgs], Any] = default_tokenizer,
 ) -> Litestar:
     server = ServerState(args, core_factory, tokenizer_factory)
-    policy = AccessPolicy.from_args(args, resolve_api_key(args))
+    policy = AccessPolicy.from_args(args, resolve_api_keys(args))
     v1 = Router("/v1", route_handlers=[*openai.ROUTES, *ops.V1_ROUTES, *responses.ROUTES])
     on_error = error_handler(APIError.body)
     app = Litestar(

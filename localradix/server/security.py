@@ -6,8 +6,9 @@ under its own name. So before any route runs:
 - a loopback server answers only to loopback names, the bound host and `--allowed-hosts`
   (421 otherwise);
 - a request carrying a foreign `Origin` is refused (403) unless `--cors-origins` lists it;
-- with an API key, every route but `/health` needs `Authorization: Bearer KEY` or
-  `x-api-key: KEY` (401);
+- with API keys, every route but `/health` needs `Authorization: Bearer KEY` or
+  `x-api-key: KEY` (401) with one of them; the route learns which (`caller_of`: a digest, never
+  the key), so what a caller keeps on the server (stored responses) stays its own;
 - a body sent with a `Content-Type` other than JSON is refused (415).
 CORS (the preflight and the response headers) is answered here too, for the listed origins only,
 so that every refusal, preflight included, is an OpenAI-shaped JSON error.
@@ -15,10 +16,11 @@ so that every refusal, preflight included, is an OpenAI-shaped JSON error.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,26 +37,43 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CORS_MAX_AGE_S = 600
 
 ASGIApp = Callable[[Any, Any, Any], Any]
+CALLER = "localradix.caller"  # the scope key holding the caller's key digest (None: no keys)
 
 
 class ApiKeyError(ValueError):
     """The key file cannot be read or is empty."""
 
 
-def resolve_api_key(args: ServerArgs, environ: dict[str, str] | None = None) -> str | None:
-    """The key from --api-key, else --api-key-file, else $LOCALRADIX_API_KEY (None: no key)."""
+def resolve_api_keys(args: ServerArgs, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The keys the server accepts: --api-key, else every line of --api-key-file (blank lines
+    and `#` comments skipped: one key per user or tool), else $LOCALRADIX_API_KEY (): no key)."""
     if args.api_key:
-        return args.api_key
+        return (args.api_key,)
     if args.api_key_file:
         try:
-            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+            text = Path(args.api_key_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise ApiKeyError(f"cannot read --api-key-file: {exc}") from None
-        if not key:
-            raise ApiKeyError(f"--api-key-file {args.api_key_file} is empty")
-        return key
+        lines = (line.strip() for line in text.splitlines())
+        keys = tuple(dict.fromkeys(k for k in lines if k and not k.startswith("#")))
+        if not keys:
+            raise ApiKeyError(f"--api-key-file {args.api_key_file} holds no key")
+        return keys
     env = os.environ if environ is None else environ
-    return env.get(API_KEY_ENV) or None
+    key = env.get(API_KEY_ENV)
+    return (key,) if key else ()
+
+
+def resolve_api_key(args: ServerArgs, environ: dict[str, str] | None = None) -> str | None:
+    """The key a client of this server sends (the file's first, where it lists several)."""
+    keys = resolve_api_keys(args, environ)
+    return keys[0] if keys else None
+
+
+def caller_of(scope: Mapping[str, object]) -> str | None:
+    """Which key the request proved (a digest), or None when the server has no keys."""
+    caller = scope.get(CALLER)
+    return caller if isinstance(caller, str) else None
 
 
 def is_loopback(host: str) -> bool:
@@ -85,17 +104,17 @@ class AccessPolicy:
     check_host: bool
     hosts: frozenset[str]  # allowed besides loopback names
     origins: frozenset[str]  # allowed cross origins ("*": any)
-    api_key: bytes | None  # the expected Authorization header
+    api_keys: tuple[bytes, ...]  # the accepted Authorization headers (): no key needed)
     previews: bool  # prompt previews may appear in the stats feed
 
     @classmethod
-    def from_args(cls, args: ServerArgs, api_key: str | None) -> AccessPolicy:
+    def from_args(cls, args: ServerArgs, api_keys: tuple[str, ...]) -> AccessPolicy:
         allowed = {host_name(h) for h in args.allowed_hosts}
         return cls(
             check_host="*" not in allowed and (is_loopback(args.host) or bool(allowed)),
             hosts=frozenset(allowed | {host_name(args.host)}),
             origins=frozenset(o.rstrip("/").lower() for o in args.cors_origins),
-            api_key=f"Bearer {api_key}".encode() if api_key else None,
+            api_keys=tuple(f"Bearer {key}".encode() for key in api_keys),
             previews=not args.no_prompt_previews,
         )
 
@@ -118,8 +137,9 @@ class AccessPolicy:
                 f"--cors-origins {origin} to allow that page",
                 code="origin_not_allowed",
             )
-        if self.api_key is not None and scope["method"] != "OPTIONS":
-            if scope["path"] not in OPEN_PATHS and not self.authenticated(headers):
+        if self.api_keys and scope["method"] != "OPTIONS":
+            scope[CALLER] = self.caller(headers)
+            if scope["path"] not in OPEN_PATHS and scope[CALLER] is None:
                 raise APIError(
                     401,
                     "a valid API key is required: 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
@@ -135,21 +155,25 @@ class AccessPolicy:
                     code="unsupported_media_type",
                 )
 
-    def authenticated(self, headers: dict[str, str]) -> bool:
-        """`Authorization: Bearer KEY`, or `x-api-key: KEY` (what Anthropic's clients send)."""
-        if self.api_key is None:
-            return False
+    def caller(self, headers: dict[str, str]) -> str | None:
+        """`Authorization: Bearer KEY`, or `x-api-key: KEY` (what Anthropic's clients send): a
+        digest of the key it matches (every key compared, in constant time), else None."""
         bearer = headers.get("authorization", "").encode()
         x_api_key = f"Bearer {headers.get('x-api-key', '')}".encode()
-        return hmac.compare_digest(bearer, self.api_key) | hmac.compare_digest(
-            x_api_key, self.api_key
-        )
+        found = None
+        for key in self.api_keys:
+            if hmac.compare_digest(bearer, key) | hmac.compare_digest(x_api_key, key):
+                found = key
+        return hashlib.sha256(found).hexdigest()[:16] if found is not None else None
+
+    def authenticated(self, headers: dict[str, str]) -> bool:
+        return bool(self.api_keys) and self.caller(headers) is not None
 
     def shows_previews(self, scope: dict[str, Any]) -> bool:
         """Prompt text goes only to clients that proved the key, or on this machine."""
         if not self.previews:
             return False
-        if self.api_key is not None:
+        if self.api_keys:
             return self.authenticated(_headers(scope))
         client = scope.get("client") or ("",)
         return is_loopback(str(client[0]))

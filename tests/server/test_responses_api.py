@@ -269,3 +269,38 @@ def test_response_ids_cannot_be_guessed(client, model):
         assert re.fullmatch(r"resp_[0-9a-f]{24}", rid), rid
     prefixes = {rid[: len("resp_") + 12] for rid in ids}
     assert len(prefixes) == 3  # no shared counter prefix
+
+
+def test_with_several_keys_a_stored_response_is_its_own_keys(tmp_path):
+    """--api-key-file lists one key per line: each opens the server, and what one key's caller
+    stored cannot be read, continued or deleted with another (a 404 / 400 as for any unknown
+    id, so its existence does not leak)."""
+    from server_harness import start_server
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# one per tool\nkey-alice\n\nkey-bob\n")
+    fake = start_server(["--api-key-file", str(keys)], fake=True)
+    try:
+        alice, bob = (
+            openai.OpenAI(base_url=fake.base, api_key=key, max_retries=0)
+            for key in ("key-alice", "key-bob")
+        )
+        rid = alice.responses.create(model="fake-model", input="Hi", max_output_tokens=3).id
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(rid)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(rid)
+        assert "is not kept" in _refused(bob, "fake-model", rid).body["message"]
+        assert alice.responses.retrieve(rid).id == rid
+        follow = alice.responses.create(
+            model="fake-model", input="Again", previous_response_id=rid, max_output_tokens=3
+        )
+        assert follow.previous_response_id == rid
+        alice.responses.delete(rid)
+        with pytest.raises(openai.NotFoundError):
+            alice.responses.retrieve(rid)
+        stranger = openai.OpenAI(base_url=fake.base, api_key="key-eve", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            stranger.responses.create(model="fake-model", input="Hi", max_output_tokens=3)
+    finally:
+        assert fake.stop() == 0

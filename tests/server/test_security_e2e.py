@@ -51,18 +51,18 @@ def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dic
 
 
 ROUTES = [
-    ("GET", "/v1/models", None),
-    ("GET", "/v1/models/anything", None),
+    ("GET", "/v1/models", ()),
+    ("GET", "/v1/models/anything", ()),
     ("POST", "/v1/chat/completions", CHAT),
     ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
-    ("GET", "/v1/stats", None),
-    ("GET", "/v1/stats/stream", None),
-    ("POST", "/v1/cache/flush", None),
-    ("POST", "/flush_cache", None),
-    ("GET", "/v1/loads", None),
-    ("GET", "/metrics", None),
-    ("GET", "/schema/openapi.json", None),
-    ("GET", "/schema/swagger", None),
+    ("GET", "/v1/stats", ()),
+    ("GET", "/v1/stats/stream", ()),
+    ("POST", "/v1/cache/flush", ()),
+    ("POST", "/flush_cache", ()),
+    ("GET", "/v1/loads", ()),
+    ("GET", "/metrics", ()),
+    ("GET", "/schema/openapi.json", ()),
+    ("GET", "/schema/swagger", ()),
 ]
 
 
@@ -222,18 +222,39 @@ def test_previews_only_for_loopback_or_authenticated_clients():
         headers = [(b"authorization", auth_header.encode())] if auth_header else []
         return {"client": (client, 5000), "headers": headers}
 
-    open_lan = AccessPolicy.from_args(ServerArgs(host="0.0.0.0"), None)
+    open_lan = AccessPolicy.from_args(ServerArgs(host="0.0.0.0"), ())
     assert open_lan.shows_previews(scope("127.0.0.1"))
     assert open_lan.shows_previews(scope("::1"))
     assert not open_lan.shows_previews(scope("192.168.1.20"))
-    keyed = AccessPolicy.from_args(ServerArgs(host="0.0.0.0"), KEY)
+    keyed = AccessPolicy.from_args(ServerArgs(host="0.0.0.0"), (KEY,))
     assert keyed.shows_previews(scope("192.168.1.20", f"Bearer {KEY}"))
     assert not keyed.shows_previews(scope("127.0.0.1", "Bearer nope"))
-    off = AccessPolicy.from_args(ServerArgs(no_prompt_previews=True), None)
+    off = AccessPolicy.from_args(ServerArgs(no_prompt_previews=True), ())
     assert not off.shows_previews(scope("127.0.0.1"))
     assert not open_lan.check_host  # a LAN bind does not check Host unless --allowed-hosts
-    assert AccessPolicy.from_args(ServerArgs(host="0.0.0.0", allowed_hosts=("a",)), None).check_host
+    assert AccessPolicy.from_args(ServerArgs(host="0.0.0.0", allowed_hosts=("a",)), ()).check_host
     assert all(
         map(is_loopback, ["localhost", "127.0.0.2", "::1", "::ffff:127.0.0.1", "x.localhost"])
     )
     assert not any(map(is_loopback, ["evil.example", "10.0.0.1", "localhost.evil", ""]))
+
+
+def test_a_key_file_lists_one_key_per_line(tmp_path):
+    from localradix.server.security import ApiKeyError, resolve_api_key, resolve_api_keys
+
+    path = tmp_path / "keys"
+    path.write_text("# the team's keys\n  alpha  \n\nbeta\nalpha\n")
+    args = ServerArgs(api_key_file=str(path))
+    assert resolve_api_keys(args) == ("alpha", "beta")
+    assert resolve_api_key(args) == "alpha"  # what a client (the TUI) sends
+    assert resolve_api_keys(ServerArgs(api_key="solo"), {}) == ("solo",)
+    assert resolve_api_keys(ServerArgs(), {"LOCALRADIX_API_KEY": "env"}) == ("env",)
+    assert resolve_api_keys(ServerArgs(), {}) == ()
+    path.write_text("# nothing but a comment\n\n")
+    with pytest.raises(ApiKeyError, match="holds no key"):
+        resolve_api_keys(args)
+    policy = AccessPolicy.from_args(ServerArgs(), ("alpha", "beta"))
+    alpha, beta = (policy.caller({"authorization": f"Bearer {k}"}) for k in ("alpha", "beta"))
+    assert alpha and beta and alpha != beta and "alpha" not in alpha
+    assert policy.caller({"x-api-key": "beta"}) == beta
+    assert policy.caller({"authorization": "Bearer gamma"}) is None

@@ -32,6 +32,7 @@ from localradix.server.responses.protocol import ResponsesRequest
 from localradix.server.responses.request import RENAMES, chat_request, input_messages
 from localradix.server.responses.store import ResponseStore, StoredResponse
 from localradix.server.responses.stream import response_events
+from localradix.server.security import caller_of
 from localradix.server.tokenizer_manager import Job
 
 NOT_KEPT = {404: ResponseSpec(ErrorResponse, description="No such response is kept"), **AUTH}
@@ -53,13 +54,13 @@ def _not_found(response_id: str, why: str) -> APIError:
 
 
 def _earlier(
-    store: ResponseStore, response_id: str | None, cache_disabled: bool
+    store: ResponseStore, response_id: str | None, owner: str | None, cache_disabled: bool
 ) -> StoredResponse | None:
     if response_id is None:
         return None
     if cache_disabled:
         raise _not_found(response_id, "cannot be continued: the server runs --disable-radix-cache")
-    kept = store.get(response_id)
+    kept = store.get(response_id, owner)
     if kept is None:
         raise _not_found(response_id, "is not kept by this server")
     return kept
@@ -81,14 +82,14 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
 
 async def _respond(request: Request[Any, Any, Any], body: ResponsesRequest) -> Response[Any]:
     manager = await state(request).manager_for(request, body.model)
-    store = _store(request)
-    earlier = _earlier(store, body.previous_response_id, manager.args.disable_radix_cache)
+    store, owner = _store(request), caller_of(request.scope)
+    earlier = _earlier(store, body.previous_response_id, owner, manager.args.disable_radix_cache)
     conversation = [*(earlier.conversation if earlier else ()), *input_messages(body.input)]
     model = body.model or served_name(manager)
     req = chat_request(body, model, conversation)
     job = await chat_job(manager, req, continues=earlier.token_ids if earlier else ())
     fields = render.echo(body, model)
-    keep = partial(_keep, store, job, conversation) if body.store else _forget
+    keep = partial(_keep, store, owner, job, conversation) if body.store else _forget
     if earlier is not None and body.stream:  # an evicted prefix: a 400, not a failed stream
         with closed_on_error(job):
             await job.first_output()
@@ -113,12 +114,16 @@ def _whole(gathered: Gathered, fields: dict[str, Any], keep: Any) -> dict[str, A
 
 
 def _keep(
-    store: ResponseStore, job: Job, conversation: Sequence[dict[str, Any]], body: dict[str, Any]
+    store: ResponseStore,
+    owner: str | None,
+    job: Job,
+    conversation: Sequence[dict[str, Any]],
+    body: dict[str, Any],
 ) -> None:
     """Keep a finished response for previous_response_id: the conversation with its output as
     the assistant's turn, and the prompt+output ids the radix cache now holds."""
     ids = [*job.prompts[0], *job.choices[0].token_ids]
-    store.put(body, [*conversation, render.assistant_turn(body["output"])], ids)
+    store.put(body, [*conversation, render.assistant_turn(body["output"])], ids, owner)
 
 
 def _forget(body: dict[str, Any]) -> None:
@@ -128,7 +133,7 @@ def _forget(body: dict[str, Any]) -> None:
 @get("/{response_id:str}", summary="Responses API: a kept response", responses=NOT_KEPT)
 async def retrieve_response(request: Request[Any, Any, Any]) -> Response[Any]:
     response_id = request.path_params["response_id"]
-    kept = _store(request).get(response_id)
+    kept = _store(request).get(response_id, caller_of(request.scope))
     if kept is None:
         raise APIError(404, f"no response '{response_id}' is kept here", param="response_id")
     return json_response(kept.body)
@@ -142,7 +147,7 @@ async def retrieve_response(request: Request[Any, Any, Any]) -> Response[Any]:
 )
 async def delete_response(request: Request[Any, Any, Any]) -> Response[Any]:
     response_id = request.path_params["response_id"]
-    if not _store(request).pop(response_id):
+    if not _store(request).pop(response_id, caller_of(request.scope)):
         raise APIError(404, f"no response '{response_id}' is kept here", param="response_id")
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
