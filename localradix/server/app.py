@@ -17,7 +17,13 @@ from litestar.openapi import OpenAPIConfig
 import localradix
 from localradix.config import ServerArgs
 from localradix.server import anthropic, infill, ollama, openai, ops, responses, tokenize
-from localradix.server.core.docs import publish_request_bodies
+from localradix.server.core.docs import (
+    NDJSON,
+    SSE,
+    publish_link,
+    publish_request_bodies,
+    publish_streams,
+)
 from localradix.server.core.http import error_handler
 from localradix.server.engine_process import DEFAULT_CORE
 from localradix.server.errors import APIError
@@ -66,7 +72,8 @@ def _dialect_bodies() -> dict[str, type]:
     from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
     from localradix.server.infill import InfillBody
     from localradix.server.ollama.embed import EmbedBody, EmbeddingsBody
-    from localradix.server.ollama.protocol import ChatBody, GenerateBody
+    from localradix.server.ollama.protocol import ChatBody, GenerateBody, ModelBody
+    from localradix.server.ollama.store import DeleteBody, PullBody
     from localradix.server.responses.protocol import ResponsesRequest
 
     return {
@@ -74,6 +81,9 @@ def _dialect_bodies() -> dict[str, type]:
         "/api/generate": GenerateBody,
         "/api/embed": EmbedBody,
         "/api/embeddings": EmbeddingsBody,
+        "/api/show": ModelBody,
+        "/api/pull": PullBody,
+        "/api/delete": DeleteBody,
         "/v1/messages": MessagesRequest,
         "/v1/messages/count_tokens": CountTokensRequest,
         "/v1/responses": ResponsesRequest,
@@ -82,6 +92,17 @@ def _dialect_bodies() -> dict[str, type]:
 
 
 _DIALECT_BODIES = _dialect_bodies()
+STREAMS = {  # the routes that stream (on request, or Ollama's by default) and how
+    "/v1/chat/completions": SSE,
+    "/v1/completions": SSE,
+    "/v1/responses": SSE,
+    "/v1/messages": SSE,
+    "/infill": SSE,
+    "/v1/stats/stream": SSE,
+    "/api/chat": NDJSON,
+    "/api/generate": NDJSON,
+    "/api/pull": NDJSON,
+}
 
 
 def create_app(
@@ -122,4 +143,6 @@ def create_app(
     app.state.server = server
     app.state.policy = policy
     publish_request_bodies(app, {**REQUEST_BODIES, **tokenize.REQUEST_BODIES, **_DIALECT_BODIES})
+    publish_streams(app, STREAMS)
+    publish_link(app, "/v1/responses", "id", "/v1/responses/{response_id}", "response_id")
     return app

@@ -12,6 +12,7 @@ from litestar import Request, Response, post
 from msgspec import Meta, Struct
 
 from localradix.server.core.body import convert, decode
+from localradix.server.core.docs import ERRORS
 from localradix.server.core.fim import fim_prompt, repo_context, require_fim
 from localradix.server.core.gather import Gathered, answer, batches
 from localradix.server.core.http import sse, state
@@ -47,7 +48,10 @@ class InfillBody(Struct, kw_only=True):
 
 
 @post(
-    "/infill", summary="llama.cpp: fill in the middle (input_prefix, input_suffix)", status_code=200
+    "/infill",
+    summary="llama.cpp: fill in the middle (input_prefix, input_suffix)",
+    status_code=200,
+    responses=ERRORS,
 )
 async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", InfillBody)

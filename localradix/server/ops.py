@@ -25,12 +25,16 @@ def _previews(request: Request[Any, Any, Any]) -> bool:
     return bool(request.app.state.policy.shows_previews(request.scope))
 
 
-@get("/stats", summary="Engine and server statistics (JSON)")
+@get("/stats", summary="Engine and server statistics (JSON)", responses=AUTH)
 async def stats(request: Request[Any, Any, Any]) -> Response[Any]:
     return json_response(state(request).stats_payload(_previews(request)))
 
 
-@get("/stats/stream", summary="The statistics as Server-Sent Events, about 4 per second")
+@get(
+    "/stats/stream",
+    summary="The statistics as Server-Sent Events, about 4 per second",
+    responses=AUTH,
+)
 async def stats_stream(request: Request[Any, Any, Any]) -> Stream:
     server = state(request)
     previews = _previews(request)

@@ -110,7 +110,7 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 def is_repo_id(text: str) -> bool:
     parts = text.split("/")
-    return len(parts) == 2 and all(re.fullmatch(r"[\w.-]+", p) for p in parts)
+    return len(parts) == 2 and all(re.fullmatch(r"[A-Za-z0-9_.-]+", p) for p in parts)
 
 
 def derive_alias(names: Iterable[str], variant: str | None) -> str:

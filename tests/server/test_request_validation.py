@@ -162,15 +162,16 @@ INVALID: list[tuple[str, dict]] = [
     (COMPLETION, {"prompt": "x", "best_of": 0}),
     (COMPLETION, {"prompt": "x", "max_tokens": -1}),
     (COMPLETION, {}),
+    # Two fields' rules the schema states beside the Struct (core/docs.py BODY_RULES):
+    (CHAT, {"messages": USER, "top_logprobs": 2}),  # needs logprobs: true
+    (COMPLETION, {"prompt": ""}),  # empty: only a fill-in-the-middle gap may be
 ]
 # Refused by the server only: these need two fields or the model, which JSON Schema cannot say.
 CROSS_FIELD: list[tuple[str, dict]] = [
-    (CHAT, {"messages": USER, "top_logprobs": 2}),  # needs logprobs: true
     (CHAT, {"messages": USER, "regex": "a", "ebnf": 'root ::= "a"'}),  # at most one constraint
     (CHAT, {"messages": USER, "stop_token_ids": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "best_of": 3}),  # must equal n
     (COMPLETION, {"prompt": "x", "suffix": "y"}),  # fill-in-the-middle: this model has no FIM
-    (COMPLETION, {"prompt": ""}),  # empty: only a fill-in-the-middle gap may be
     (COMPLETION, {"prompt": [1, "a"]}),  # mixes token ids and strings
     (COMPLETION, {"prompt": [10**6]}),  # past the vocabulary
     (COMPLETION, {"prompt": "x", "echo": True, "stream": True, "logprobs": 1}),

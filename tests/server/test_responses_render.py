@@ -186,7 +186,16 @@ def test_the_store_keeps_the_most_recently_used(ops):
             continue
         recent = [k for k in recent if k != key] + [key]
         assert len(store) == min(len(recent), 4)
-        assert all(store._kept.get(k) is not None for k in recent[-4:])
+        assert all(store._kept.get((None, k)) is not None for k in recent[-4:])
+
+
+def test_the_store_keeps_a_response_for_its_owner_only():
+    store = ResponseStore()
+    store.put({"id": "resp_1"}, [], [1], owner="alice")
+    assert store.get("resp_1") is None and store.get("resp_1", "bob") is None
+    assert not store.pop("resp_1", "bob")
+    assert store.get("resp_1", "alice") is not None
+    assert store.pop("resp_1", "alice") and len(store) == 0
 
 
 @given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12))

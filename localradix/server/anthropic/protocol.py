@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
@@ -22,7 +22,7 @@ class Block(Struct, kw_only=True):
 
 
 class Message(Struct):
-    role: str
+    role: Literal["user", "assistant"]
     content: str | list[Block]
 
 

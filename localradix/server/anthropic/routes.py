@@ -24,6 +24,7 @@ from localradix.server.anthropic.render import error_body, message_body, model_p
 from localradix.server.anthropic.request import RENAMES, chat_request
 from localradix.server.anthropic.stream import message_events
 from localradix.server.core.body import decode
+from localradix.server.core.docs import ANTHROPIC_ERRORS
 from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, chat_text, encode_prompt
@@ -34,7 +35,12 @@ from localradix.server.tokenizer_manager import TokenizerManager
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000  # models a page of Anthropic's model list
 
 
-@post("/", summary="Anthropic Messages: create a message (SSE when stream: true)", status_code=200)
+@post(
+    "/",
+    summary="Anthropic Messages: create a message (SSE when stream: true)",
+    status_code=200,
+    responses=ANTHROPIC_ERRORS,
+)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
     manager = await state(request).manager_for(request, body.model)
@@ -60,7 +66,10 @@ def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict
 
 
 @post(
-    "/count_tokens", summary="Anthropic Messages: count a request's input tokens", status_code=200
+    "/count_tokens",
+    summary="Anthropic Messages: count a request's input tokens",
+    status_code=200,
+    responses=ANTHROPIC_ERRORS,
 )
 async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", CountTokensRequest, RENAMES)

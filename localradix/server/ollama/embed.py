@@ -11,6 +11,7 @@ from litestar import Request, Response, post
 from msgspec import Struct
 
 from localradix.server.core.body import decode
+from localradix.server.core.docs import OLLAMA_ERRORS
 from localradix.server.core.embeddings import embed, input_ids, model_embed, shortened
 from localradix.server.core.http import client_gone_response, json_response, state
 from localradix.server.ollama.request import served
@@ -32,7 +33,12 @@ class EmbeddingsBody(Struct, kw_only=True):
     keep_alive: float | str | None = None
 
 
-@post("/embed", summary="Ollama: embed one input or several", status_code=200)
+@post(
+    "/embed",
+    summary="Ollama: embed one input or several",
+    status_code=200,
+    responses=OLLAMA_ERRORS,
+)
 async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", EmbedBody)
     manager = await state(request).manager_for(request, body.model, body.keep_alive)
@@ -56,7 +62,12 @@ async def embed_inputs(request: Request[Any, Any, Any]) -> Response[Any]:
     )
 
 
-@post("/embeddings", summary="Ollama: embed one prompt (the older route)", status_code=200)
+@post(
+    "/embeddings",
+    summary="Ollama: embed one prompt (the older route)",
+    status_code=200,
+    responses=OLLAMA_ERRORS,
+)
 async def embed_prompt(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", EmbeddingsBody)
     manager = await state(request).manager_for(request, body.model, body.keep_alive)

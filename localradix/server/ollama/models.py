@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import MediaType, Request, Response, get, head, post
 
 from localradix.server.core.body import decode
+from localradix.server.core.docs import OllamaError, errors
 from localradix.server.core.fim import fim_tokens
 from localradix.server.core.http import json_response, state
 from localradix.server.model_facts import ModelFacts, model_facts
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 # Copilot needs >= 0.6.4).
 OLLAMA_VERSION = "0.12.0"
 RUNNING = "Ollama is running"
+_AUTH = errors(OllamaError, (401,))
+_AVAILABLE = errors(OllamaError, (401, 503))
+_SHOW = errors(OllamaError, (400, 401, 404, 413, 503))
 NEVER_EXPIRES = timedelta(days=3650)  # a pinned (or the default) model stays loaded
 
 
@@ -41,7 +45,7 @@ async def root_head() -> None:
     return None
 
 
-@get("/version", summary="Ollama: the API version")
+@get("/version", summary="Ollama: the API version", responses=_AUTH)
 async def version() -> Response[Any]:
     return json_response({"version": OLLAMA_VERSION})
 
@@ -70,7 +74,11 @@ def _all_facts(server: ServerState) -> list[ModelFacts]:
     return [model_facts(m.name, m.path, m.context_length, m.architecture) for m in listed]
 
 
-@get("/tags", summary="Ollama: the models available (loaded, then the rest of the store)")
+@get(
+    "/tags",
+    summary="Ollama: the models available (loaded, then the rest of the store)",
+    responses=_AVAILABLE,
+)
 async def tags(request: Request[Any, Any, Any]) -> Response[Any]:
     server = state(request)
     server.ready_manager()
@@ -78,7 +86,7 @@ async def tags(request: Request[Any, Any, Any]) -> Response[Any]:
     return json_response({"models": [_listing(f) for f in facts]})
 
 
-@get("/ps", summary="Ollama: the models loaded, with memory and expiry")
+@get("/ps", summary="Ollama: the models loaded, with memory and expiry", responses=_AVAILABLE)
 async def ps(request: Request[Any, Any, Any]) -> Response[Any]:
     server = state(request)
     server.ready_manager()
@@ -102,7 +110,7 @@ async def ps(request: Request[Any, Any, Any]) -> Response[Any]:
     return json_response({"models": models})
 
 
-@post("/show", summary="Ollama: describe a model", status_code=200)
+@post("/show", summary="Ollama: describe a model", status_code=200, responses=_SHOW)
 async def show(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ModelBody)
     manager = await state(request).manager_for(request, body.model or body.name or None)

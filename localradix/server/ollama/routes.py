@@ -19,6 +19,7 @@ from litestar import Request, Response, Router, post
 from litestar.types import ControllerRouterHandler
 
 from localradix.server.core.body import decode
+from localradix.server.core.docs import OLLAMA_ERRORS
 from localradix.server.core.gather import answer
 from localradix.server.core.http import NDJSON, error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, completion_job
@@ -62,7 +63,12 @@ def _loaded(model: str, keep_alive: float | str | None, fields: dict[str, Any]) 
     return json_response({**body, "done_reason": "unload" if unload else "load"})
 
 
-@post("/chat", summary="Ollama: chat (NDJSON stream unless stream: false)", status_code=200)
+@post(
+    "/chat",
+    summary="Ollama: chat (NDJSON stream unless stream: false)",
+    status_code=200,
+    responses=OLLAMA_ERRORS,
+)
 async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", ChatBody)
     manager = await state(request).manager_for(request, body.model, body.keep_alive)
@@ -76,7 +82,10 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @post(
-    "/generate", summary="Ollama: complete a prompt (NDJSON unless stream: false)", status_code=200
+    "/generate",
+    summary="Ollama: complete a prompt (NDJSON unless stream: false)",
+    status_code=200,
+    responses=OLLAMA_ERRORS,
 )
 async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", GenerateBody)

@@ -19,6 +19,7 @@ import msgspec
 from litestar import Request, Response, delete, post
 
 from localradix.server.core.body import decode
+from localradix.server.core.docs import OllamaError, errors
 from localradix.server.core.http import NDJSON, ClosingStream, encode_json, json_response, state
 from localradix.server.errors import APIError, bad_request
 
@@ -37,7 +38,12 @@ class DeleteBody(msgspec.Struct, kw_only=True):
     name: str = ""
 
 
-@post("/pull", summary="Ollama: pull a model from the Hugging Face hub", status_code=200)
+@post(
+    "/pull",
+    summary="Ollama: pull a model from the Hugging Face hub",
+    status_code=200,
+    responses=errors(OllamaError, (400, 401, 413, 503)),
+)
 async def pull_model(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", PullBody)
     ref = _ref(body.model or body.name)
@@ -48,7 +54,12 @@ async def pull_model(request: Request[Any, Any, Any]) -> Response[Any]:
     return ClosingStream(pulling.lines(), NDJSON)
 
 
-@delete("/delete", summary="Ollama: delete a model from the store", status_code=200)
+@delete(
+    "/delete",
+    summary="Ollama: delete a model from the store",
+    status_code=200,
+    responses=errors(OllamaError, (400, 401, 404, 409, 413)),
+)
 async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
     from localradix.server.model_pool import model_key
     from localradix.store.remove import remove_model

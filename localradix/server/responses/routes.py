@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from litestar import Request, Response, Router, delete, get, post
+from litestar import HttpMethod, Request, Response, Router, delete, get, post, route
 from litestar.openapi import ResponseSpec
 from litestar.types import ControllerRouterHandler
 
@@ -152,6 +152,17 @@ async def delete_response(request: Request[Any, Any, Any]) -> Response[Any]:
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
+@route("/{response_id:str}", http_method=HttpMethod.OPTIONS, include_in_schema=False)
+async def kept_response_options() -> Response[None]:
+    """Litestar's own OPTIONS answer for a path lists only the methods registered there before
+    it was made (GET), not DELETE."""
+    return Response(None, status_code=204, headers={"Allow": "DELETE, GET, OPTIONS"})
+
+
 ROUTES: list[ControllerRouterHandler] = [
-    Router("/responses", route_handlers=[create_response, retrieve_response, delete_response])
+    Router(
+        "/responses",
+        # the OPTIONS handler first, or Litestar adds its own
+        route_handlers=[create_response, kept_response_options, retrieve_response, delete_response],
+    )
 ]
