@@ -15,6 +15,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 AUTO_ON_OFF = ("auto", "on", "off")
+ATTENTIONS = ("auto", "flashinfer", "triton", "torch_native")
 QUANTIZE = ("auto", "off", "2", "3", "4", "5", "6", "8", "mxfp4", "mxfp8")
 # smg's routing policies that need nothing but worker URLs (see `smg launch --help`).
 ROUTER_POLICIES = (
@@ -76,6 +77,13 @@ class ServerArgs:
     )
     mem_fraction: float = _opt("most of the free memory the default KV pool takes", default=0.25)
     page_size: int = _opt("tokens per KV page", default=1)
+    attention: str = _opt(
+        "attention kernels of the torch backends: auto (on a GPU FlashInfer where installed, "
+        "else Triton, else torch-native; on a CPU torch-native), or one by name (triton on a "
+        "CPU runs in Triton's interpreter: for testing the kernels, slow)",
+        default="auto",
+        choices=ATTENTIONS,
+    )
     # Scheduling and caching
     schedule_policy: str = _opt("waiting-queue order", default="lpm", choices=SCHEDULE_POLICIES)
     eviction_policy: str = _opt(

@@ -238,6 +238,8 @@ def _chosen(requested: str, device: str | None, model_format: str) -> dict[str, 
 def _attention(name: str) -> str:
     """The spec's kernels, or what the runner falls back to when their package is missing."""
     if name == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        if importlib.util.find_spec("triton") is not None:
+            return "triton (flashinfer is not installed)"
         return "torch_native (flashinfer is not installed)"
     return name
 

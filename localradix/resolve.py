@@ -99,11 +99,30 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
             f"weights as loaded; quantizing at load is supported by {_quantizing_backends()}"
         )
     _check_tp(spec.name, args.tp)
+    attention = _attention(spec.name, spec.attention_backend, args.attention)
     kv_dtype = None
-    if spec.attention_backend == "torch_native":  # the one kernel that casts K/V on the way
+    if attention == "torch_native":  # the one kernel that casts K/V on the way
         kv_dtype = default_kv_dtype(args.dtype, dtype)
     device = args.device or availability.device
-    return Target(spec.name, device, dtype, spec.attention_backend, kv_dtype)
+    return Target(spec.name, device, dtype, attention, kv_dtype)
+
+
+# The attention kernels each torch backend can run when asked by name (--attention).
+ATTENTION_CHOICES = {
+    "cpu": ("torch_native", "triton"),
+    "cuda": ("flashinfer", "triton", "torch_native"),
+    "rocm": ("flashinfer", "triton", "torch_native"),
+}
+
+
+def _attention(backend: str, default: str, requested: str) -> str:
+    if requested == AUTO or requested == default:
+        return default
+    allowed = ATTENTION_CHOICES.get(backend, ())
+    if requested not in allowed:
+        can = f"it runs {', '.join(allowed)}" if allowed else "it brings its own kernels"
+        raise BackendError(f"backend {backend!r} cannot run --attention {requested}: {can}")
+    return requested
 
 
 # Backends whose runner can split a model over ranks (`localradix.runner.tp`).

@@ -315,6 +315,14 @@ def test_attention_choices():
     )
     assert "not installed" in choose_attention("flashinfer", "bfloat16", False)[1]
     assert choose_attention("torch_native", "bfloat16", True)[0] == "torch_native"
+    # Triton where FlashInfer cannot run, when it is installed (it ships with torch's GPU builds)
+    assert choose_attention("flashinfer", "bfloat16", False, triton_ok=True)[0] == "triton"
+    assert choose_attention("flashinfer", "float32", True, triton_ok=True) == (
+        "triton",
+        "Triton paged attention (FlashInfer has no float32 kernels)",
+    )
+    assert choose_attention("flashinfer", "bfloat16", True, triton_ok=True)[0] == "flashinfer"
+    assert choose_attention("torch_native", "bfloat16", False, triton_ok=True)[0] == "torch_native"
     assert rocm_attention("gfx942:sramecc+:xnack-", "bfloat16", True)[0] == "flashinfer"
     assert rocm_attention("gfx950", "float16", True)[0] == "flashinfer"
     assert rocm_attention("gfx1100", "bfloat16", True) == (

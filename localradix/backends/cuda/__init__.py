@@ -1,6 +1,7 @@
 """CUDA backend (NVIDIA): the device runner with FlashInfer paged attention (bf16 by default),
 CUDA-graph capture of decode steps and a KV pool sized from free GPU memory. Without the
-flashinfer package, or in float32, it runs the torch-native attention (and no graphs)."""
+flashinfer package, or in float32, it runs the Triton kernels (`triton_attention.py`; Triton
+ships with torch's GPU builds), else the torch-native attention (and no graphs)."""
 
 from localradix.platform import BackendSpec
 from localradix.runner.attention import ATTENTION_BACKENDS
@@ -24,3 +25,4 @@ SPEC = BackendSpec(
 
 # The kernels this backend brings, for the torch runner's attention registry (rocm shares them).
 ATTENTION_BACKENDS.register("flashinfer", "localradix.backends.cuda.attention:FlashInferAttention")
+ATTENTION_BACKENDS.register("triton", "localradix.backends.cuda.triton_attention:TritonAttention")

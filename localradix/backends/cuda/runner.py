@@ -30,20 +30,36 @@ DISABLE_GRAPHS_ENV = "LOCALRADIX_DISABLE_CUDA_GRAPH"  # "1": run every decode st
 HALF_DTYPES = ("bfloat16", "float16")
 
 
-def choose_attention(requested: str, dtype: str, flashinfer_ok: bool) -> tuple[str, str]:
-    """(attention backend, why) for a CUDA/ROCm runner: FlashInfer where it can run."""
+def choose_attention(
+    requested: str, dtype: str, flashinfer_ok: bool, triton_ok: bool = False
+) -> tuple[str, str]:
+    """(attention backend, why) for a CUDA runner: FlashInfer where it can run, else Triton,
+    else torch-native."""
     if requested != "flashinfer":
         return requested, f"{requested} requested"
     if not flashinfer_ok:
-        return "torch_native", "flashinfer is not installed (pip install flashinfer-python)"
-    if dtype not in HALF_DTYPES:
-        return "torch_native", f"FlashInfer has no {dtype} kernels"
-    return "flashinfer", "FlashInfer paged attention"
+        choice = ("torch_native", "flashinfer is not installed (pip install flashinfer-python)")
+    elif dtype not in HALF_DTYPES:
+        choice = ("torch_native", f"FlashInfer has no {dtype} kernels")
+    else:
+        choice = ("flashinfer", "FlashInfer paged attention")
+    return triton_unless_flashinfer(choice, triton_ok)
+
+
+def triton_unless_flashinfer(choice: tuple[str, str], triton_ok: bool) -> tuple[str, str]:
+    """Where FlashInfer cannot run, the Triton kernels do when Triton is installed."""
+    name, why = choice
+    if name == "torch_native" and triton_ok:
+        return "triton", f"Triton paged attention ({why})"
+    return choice
 
 
 def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
-    attention, why = choose_attention(target.attention_backend, target.dtype, has_flashinfer)
+    has_triton = importlib.util.find_spec("triton") is not None
+    attention, why = choose_attention(
+        target.attention_backend, target.dtype, has_flashinfer, has_triton
+    )
     logger.info("CUDA attention: %s (%s)", attention, why)
     if args.tp > 1:  # NCCL between the ranks; no decode graphs (untested on GPUs so far)
         from localradix.loader import resolve_dtype

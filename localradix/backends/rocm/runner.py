@@ -14,7 +14,11 @@ import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
-from localradix.backends.cuda.runner import HALF_DTYPES, create_device_runner
+from localradix.backends.cuda.runner import (
+    HALF_DTYPES,
+    create_device_runner,
+    triton_unless_flashinfer,
+)
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
@@ -43,7 +47,9 @@ def create_rocm_runner(args: ServerArgs, source: ModelSource, target: Target) ->
 
     arch = getattr(torch.cuda.get_device_properties(target.device), "gcnArchName", "")
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
-    attention, why = rocm_attention(arch, target.dtype, has_flashinfer)
+    has_triton = importlib.util.find_spec("triton") is not None
+    choice = rocm_attention(arch, target.dtype, has_flashinfer)
+    attention, why = triton_unless_flashinfer(choice, has_triton)
     if target.attention_backend != "flashinfer":  # a plugin spec asking for other kernels
         attention, why = target.attention_backend, "requested by the backend spec"
     logger.info("ROCm attention: %s (%s)", attention, why)

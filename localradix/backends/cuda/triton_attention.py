@@ -1,0 +1,166 @@
+"""Triton paged attention: the GPU kernels where FlashInfer is not installed (CUDA, and ROCm
+through Triton's AMD backend; Triton ships with every GPU build of torch).
+
+KV cache per layer: `[slots + 1, Hkv, D]`, slot 0 the dummy, the layout of the torch-native
+backend (a page is `page_size` consecutive slots, so every page size reads alike). A step's
+plan is the `ForwardBatch` slot table itself, copied to the device once in `prepare`: a
+decode-only batch runs the split-KV decode kernels, any other batch the extend kernel for
+every request (a decode inside a mixed batch is a one-token extend). The kernels are in
+`triton_kernels.py`.
+
+Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) are applied
+in the kernels, for the model families that have them.
+
+On a CPU this backend runs only on request (`--attention triton`), through Triton's
+interpreter: a way to test the kernels and the whole engine over them, not a fast path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from localradix.runner.attention import AttentionBackend
+from localradix.runner.kv_layout import KVLayout
+from localradix.step import ForwardBatch
+
+MAX_SPLITS = 16  # decode splits of one request's keys (a power of two: the merge's block)
+KEYS_PER_SPLIT = 256  # fewer keys than this per split cost more in the merge than they gain
+BUSY_PROGRAMS = 1024  # (request, KV head) programs that keep a large GPU busy without splits
+BLOCK_N = 32  # keys per block
+BLOCK_M = 32  # extend queries per program
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def decode_splits(max_len: int, programs: int) -> int:
+    """Splits of each request's keys: enough programs for the GPU, at least KEYS_PER_SPLIT
+    keys each, at most MAX_SPLITS."""
+    by_length = -(-max_len // KEYS_PER_SPLIT)
+    by_occupancy = -(-BUSY_PROGRAMS // max(programs, 1))
+    return max(1, min(MAX_SPLITS, by_length, by_occupancy))
+
+
+def _require_interpreter() -> None:
+    """On a CPU the kernels run in Triton's interpreter, which must be on when triton is first
+    imported (its own library functions are made for one mode then)."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.zeros, InterpretedFunction):
+        raise RuntimeError(
+            "Triton attention on a CPU runs in Triton's interpreter, but triton was imported "
+            "before it could be turned on: set TRITON_INTERPRET=1 in the environment"
+        )
+
+
+class TritonAttention(AttentionBackend):
+    def __init__(
+        self,
+        layout: KVLayout,
+        device: torch.device | str,
+        *,
+        windows: Sequence[int] = (),
+        logit_caps: Sequence[float] = (),
+    ) -> None:
+        super().__init__(layout, device)
+        if torch.device(device).type == "cpu":
+            _require_interpreter()
+        from localradix.backends.cuda import triton_kernels
+
+        self.kernels = triton_kernels
+        shape = (layout.layers, *layout.slot_shape)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.windows = tuple(windows) or (0,) * layout.layers
+        self.logit_caps = tuple(logit_caps) or (0.0,) * layout.layers
+        self._batch: ForwardBatch | None = None
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._batch = batch
+        self._out_slots = self._tensor(batch.out_slots, torch.long)
+        self._qo_indptr = self._tensor(batch.qo_indptr)
+        self._kv_indptr = self._tensor(batch.kv_indptr)
+        self._kv_indices = self._tensor(batch.kv_indices)
+        self._seq_lens = self._tensor(batch.seq_lens)
+        self._decode = batch.is_decode_only
+        if self._decode:
+            programs = batch.num_reqs * self.num_kv_heads
+            self._splits = decode_splits(int(batch.seq_lens.max()), programs)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
+        k_cache.index_copy_(0, self._out_slots, k)
+        v_cache.index_copy_(0, self._out_slots, v)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        out = q.new_empty(q.shape)
+        window, cap = self.windows[layer_id], self.logit_caps[layer_id]
+        if self._decode:
+            self._decode_attention(q, k_cache, v_cache, out, scale, window, cap)
+        else:
+            self._extend_attention(q, k_cache, v_cache, out, scale, window, cap)
+        return out.view(q.shape[0], -1)
+
+    def _decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int,
+        cap: float,
+    ) -> None:
+        reqs, heads, dim = q.shape
+        group = heads // self.num_kv_heads
+        mid_o = torch.empty((reqs, heads, MAX_SPLITS, dim), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((reqs, heads, MAX_SPLITS), dtype=torch.float32, device=q.device)
+        block_d = max(16, _next_power_of_2(dim))
+        self.kernels.decode_partial_kernel[(reqs, self.num_kv_heads, self._splits)](
+            q, k_cache, v_cache, self._kv_indptr, self._kv_indices, self._seq_lens,
+            mid_o, mid_lse, scale, self._splits,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1),
+            GROUP=group, HEAD_DIM=dim, BLOCK_G=max(16, _next_power_of_2(group)),
+            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
+            window=window, logit_cap=cap,
+        )  # fmt: skip
+        self.kernels.decode_merge_kernel[(reqs, heads)](
+            mid_o, mid_lse, out, self._splits, out.stride(0), out.stride(1),
+            HEAD_DIM=dim, BLOCK_D=block_d, MAX_SPLITS=MAX_SPLITS,
+        )  # fmt: skip
+
+    def _extend_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int,
+        cap: float,
+    ) -> None:
+        assert self._batch is not None
+        _, heads, dim = q.shape
+        blocks = -(-int(self._batch.extend_lens.max()) // BLOCK_M)
+        self.kernels.extend_kernel[(self._batch.num_reqs, heads, blocks)](
+            q, k_cache, v_cache, out, self._qo_indptr, self._kv_indptr, self._kv_indices,
+            self._seq_lens, scale,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            GROUP=heads // self.num_kv_heads, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_D=max(16, _next_power_of_2(dim)), window=window, logit_cap=cap,
+        )  # fmt: skip
+
+    def _tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        host = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+        return host.to(self.device, non_blocking=True)
