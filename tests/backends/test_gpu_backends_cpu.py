@@ -286,6 +286,67 @@ def test_device_runner_graphs_match_reference(fake_flashinfer, tiny_bf16, page_s
     assert api.replays == 5 and pooled is not None and pooled.shape == (1, config.hidden_size)
 
 
+class ReplayingGraphApi:
+    """A stand-in for CUDA graphs that checks what a real replay relies on: each replay
+    re-runs the captured step reading the very buffers it was captured with."""
+
+    def __init__(self, attn) -> None:
+        self.attn, self.captured, self.replays = attn, [], 0
+
+    def _buffers(self) -> tuple[int, ...]:
+        attn = self.attn
+        held = (attn._out_slots, attn._kv_indptr, attn._kv_indices, attn._seq_lens)
+        return tuple(t.data_ptr() for t in held)
+
+    def capture(self, fn):
+        out = fn()
+        self.captured.append(out.shape[0])
+        read = self._buffers()
+
+        def replay() -> None:
+            assert self._buffers() == read, "a replay must read the captured buffers"
+            out.copy_(fn())
+            self.replays += 1
+
+        return replay, out
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_device_runner_triton_graphs_match_reference(tiny_model, page_size):
+    """Decode graphs over the Triton kernels (run by Triton's CPU interpreter): padded batch
+    sizes, fixed buffers refilled per replay; logits equal the torch-native reference's."""
+    pytest.importorskip("triton")
+    from localradix.backends.cuda.runner import DeviceRunner
+    from localradix.loader import load_model
+    from localradix.runner.attention_torch import TorchNativeAttention
+
+    folder, _ = tiny_model("llama")
+    model, config = load_model(str(folder), "float32", "cpu")
+    args = ServerArgs(max_total_tokens=64 * page_size - 1, page_size=page_size)
+    args = args.replace(max_running_requests=4, context_length=128)
+    runner = DeviceRunner(model, config, args, "cpu", torch.float32, "triton", graphs=False)
+    api = ReplayingGraphApi(runner.attn)
+    runner.graphs = runner._capture_graphs(args, api)
+    assert api.captured == [4, 2, 1] and runner.graphs is not None
+    ref = TorchNativeAttention.from_model_config(config, runner.kv_capacity, torch.float32, "cpu")
+    slots = PagedSlots(64, page_size, seed=5)
+    steps = [
+        {"a": _prompt(11, 1), "b": _prompt(5, 2), "c": _prompt(7, 3)},
+        {"a": [5], "b": [6], "c": [7]},  # 3 decodes: graph of 4, one dummy
+        {"a": [8], "c": [9]},  # graph of 2
+        {"b": [10], "d": _prompt(6, 4)},  # mixed: eager extend kernel
+        {"a": [11], "b": [12], "c": [13], "d": [14]},
+        {"c": [15]},
+    ]
+    for new in steps:
+        batch = slots.batch(new)
+        got = runner.logits(batch)
+        want = _reference_logits(model, ref, batch)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert api.replays == 4
+
+
 def test_device_runner_without_graphs_or_flashinfer(tiny_model):
     from localradix.backends.cuda.runner import DeviceRunner
     from localradix.loader import load_model

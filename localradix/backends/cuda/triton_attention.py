@@ -8,6 +8,10 @@ decode-only batch runs the split-KV decode kernels, any other batch the extend k
 every request (a decode inside a mixed batch is a one-token extend). The kernels are in
 `triton_kernels.py`.
 
+Decode batches run under CUDA graphs (`graph_state` / `prepare_graph`, used by
+`localradix.backends.cuda.graphs`): each captured batch size reads fixed buffers that are
+refilled before a replay, and a split count fixed at capture.
+
 Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) are applied
 in the kernels, for the model families that have them.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,6 +49,19 @@ def decode_splits(max_len: int, programs: int) -> int:
     by_length = -(-max_len // KEYS_PER_SPLIT)
     by_occupancy = -(-BUSY_PROGRAMS // max(programs, 1))
     return max(1, min(MAX_SPLITS, by_length, by_occupancy))
+
+
+@dataclass(frozen=True)
+class TritonGraphState:
+    """What one captured decode batch size reads: fixed buffers, refilled before each replay,
+    and a split count fixed at capture (each request's split length follows its own keys)."""
+
+    batch_size: int
+    splits: int
+    out_slots: torch.Tensor  # int64 [batch_size]
+    kv_indptr: torch.Tensor  # int32 [batch_size + 1]
+    kv_indices: torch.Tensor  # int32 [max slots of the batch]
+    seq_lens: torch.Tensor  # int32 [batch_size]
 
 
 def _require_interpreter() -> None:
@@ -78,6 +96,7 @@ class TritonAttention(AttentionBackend):
         shape = (layout.layers, *layout.slot_shape)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.page_size = layout.page_size
         self.windows = tuple(windows) or (0,) * layout.layers
         self.logit_caps = tuple(logit_caps) or (0.0,) * layout.layers
         self._batch: ForwardBatch | None = None
@@ -109,6 +128,38 @@ class TritonAttention(AttentionBackend):
         else:
             self._extend_attention(q, k_cache, v_cache, out, scale, window, cap)
         return out.view(q.shape[0], -1)
+
+    # -- CUDA graphs (decode only; see localradix.backends.cuda.graphs) --------------------
+
+    def graph_state(self, batch_size: int, max_pages: int) -> TritonGraphState:
+        """Fixed buffers for `batch_size` decode requests of <= max_pages pages in all."""
+
+        def zeros(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.zeros(n, dtype=dtype, device=self.device)
+
+        max_len = max_pages * self.page_size
+        splits = decode_splits(max_len // batch_size, batch_size * self.num_kv_heads)
+        return TritonGraphState(
+            batch_size,
+            splits,
+            out_slots=zeros(batch_size, torch.long),
+            kv_indptr=zeros(batch_size + 1),
+            kv_indices=zeros(max_len),
+            seq_lens=zeros(batch_size),
+        )
+
+    def prepare_graph(self, state: TritonGraphState, batch: ForwardBatch) -> None:
+        """Copy a (padded) decode batch into `state`'s buffers; run before each replay."""
+        if batch.num_reqs != state.batch_size or not batch.is_decode_only:
+            raise ValueError(f"graph state holds {state.batch_size} decode requests")
+        n = len(batch.kv_indices)
+        state.out_slots.copy_(torch.from_numpy(batch.out_slots), non_blocking=True)
+        state.kv_indptr.copy_(_int32(batch.kv_indptr), non_blocking=True)
+        state.kv_indices[:n].copy_(_int32(batch.kv_indices), non_blocking=True)
+        state.seq_lens.copy_(_int32(batch.seq_lens), non_blocking=True)
+        self._batch, self._decode, self._splits = batch, True, state.splits
+        self._out_slots, self._kv_indptr = state.out_slots, state.kv_indptr
+        self._kv_indices, self._seq_lens = state.kv_indices, state.seq_lens
 
     def _decode_attention(
         self,
@@ -164,3 +215,7 @@ class TritonAttention(AttentionBackend):
     def _tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
         host = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
         return host.to(self.device, non_blocking=True)
+
+
+def _int32(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
