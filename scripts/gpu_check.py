@@ -1,24 +1,32 @@
 #!/usr/bin/env python
 """GPU check of the CUDA backend: parity with transformers, then bf16 speed against the roofline.
 
-    python scripts/gpu_check.py [--time-limit 300] [--device cuda] [--hbm-gbps 4800]
+    python scripts/gpu_check.py [--time-limit 300] [--device cuda] [--attention auto]
     python scripts/gpu_check.py --smoke       # CPU, tiny model: the same steps, in seconds
 
+0. Versions (python, torch, CUDA/HIP, Triton, FlashInfer, the GPU) and the measured copy
+   bandwidth, which is the roofline (a table's peak figure is printed beside it).
 1. Builds a random-weight Llama model with transformers (no downloads; default ~0.86B params)
    and saves it to a temporary folder, so our runner loads it the way the CLI does.
-2. fp32 parity: the CUDA runner (float32 runs torch-native attention: FlashInfer has no fp32
-   kernels) against transformers in fp32, greedy, several prompts decoded as one batch plus a
+2. fp32 parity: the CUDA runner (float32 runs the Triton kernels where Triton is installed,
+   else torch-native attention: FlashInfer has no fp32 kernels) against transformers in fp32,
+   greedy, several prompts decoded as one batch plus a
    request that extends a cached prefix. Each generated token must be transformers' argmax on
    the same sequence, or within a near-tie tolerance of it (printed).
-3. bf16 parity: FlashInfer + CUDA graphs against transformers fp32 (wider tolerance), and
-   FlashInfer's logits against the torch-native attention's on the same bf16 weights.
-4. bf16 speed: decode at batch 1, 32, 128 (plain and overlapped steps), prefill of 4096 tokens,
-   and the fraction of the HBM-bandwidth roofline reached at batch 1 (target >= 50%).
+3. bf16 parity: the chosen kernels (`--attention`: FlashInfer, else Triton, else torch-native)
+   + CUDA graphs against transformers fp32 (wider tolerance), and their logits against the
+   torch-native attention's on the same bf16 weights.
+4. bf16 speed (medians of 3 timed runs): decode at batch 1, 32, 128 with and without CUDA
+   graphs (plain and overlapped steps); decode of 32 requests of mixed lengths; a 2k-token
+   extend over an 8k cached prefix against a prefix-free 2k prefill; prefill of 4096 tokens;
+   the fraction of the roofline reached at batch 1 (target >= 50%); transformers with a
+   static cache and torch.compile at batch 1, as a same-GPU reference.
 5. served decode: the same batches through the scheduler (radix cache, batching, sampling
    bookkeeping), with the plain loop and with the overlap scheduler.
 Steps 1-4 are runner-level: batches are built directly (no HTTP, no scheduler). Exit status 1
 if a parity check fails; the roofline target is reported, not enforced. Phases that would pass the time
-limit are skipped and say so; the process is killed 60 s after the limit in any case.
+limit are skipped and say so; the process is killed 60 s after the limit in any case. The
+results go to `--json`, or to $OUT/gpu_check.json when $OUT is set (the device tool's folder).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import os
+import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -60,7 +71,7 @@ HBM_GBPS = (
     ("A10", 600), ("RTX 6000 Ada", 960), ("RTX 4090", 1008), ("RTX 3090", 936), ("V100", 900),
 )  # fmt: skip
 FP32_TOL, BF16_TOL = 0.01, 0.15  # near-tie tolerances, in units of the reference logits' std
-BF16_LOGIT_TOL = 0.1  # FlashInfer vs torch-native bf16: max |diff| / std of the logits
+BF16_LOGIT_TOL = 0.1  # the kernels vs torch-native bf16: max |diff| / std of the logits
 
 
 @dataclass
@@ -229,13 +240,13 @@ def check_greedy(hf: Any, prompts: dict, ours: dict, tol: float, report: Report,
     )
 
 
-def compare_logits(a: list, b: list, report: Report) -> None:
+def compare_logits(a: list, b: list, report: Report, kind: str) -> None:
     worst = 0.0
     for la, lb in zip(a, b, strict=True):
         worst = max(worst, float(((la - lb).abs().max(-1).values / lb.std(-1)).max()))
-    report.numbers["flashinfer_vs_native_bf16"] = worst
+    report.numbers["kernels_vs_native_bf16"] = worst
     report.check(
-        "bf16 FlashInfer vs torch-native logits",
+        f"bf16 {kind} vs torch-native logits",
         worst <= BF16_LOGIT_TOL,
         f"max |diff| {worst:.4f} std (tolerance {BF16_LOGIT_TOL})",
     )
@@ -269,6 +280,50 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def versions(device: str) -> dict[str, str]:
+    """What ran: interpreter, torch and its GPU toolkit, the kernel libraries, the device."""
+    import importlib.metadata as meta
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    found["cuda"] = str(torch.version.cuda or "")
+    found["hip"] = str(getattr(torch.version, "hip", "") or "")
+    for package in ("triton", "flashinfer-python", "transformers", "numpy"):
+        try:
+            found[package] = meta.version(package)
+        except meta.PackageNotFoundError:
+            found[package] = "not installed"
+    gpu = device.startswith("cuda") and torch.cuda.is_available()
+    found["device"] = torch.cuda.get_device_name(torch.device(device)) if gpu else "cpu"
+    return found
+
+
+def median_rate(run: Any, work: float, reps: int = 3) -> float:
+    """Work per second of `run()` (which syncs at its end): the median of `reps` timings."""
+    rates = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        rates.append(work / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def copy_bandwidth(device: str) -> float:
+    """GB/s of a device-to-device copy (bytes read plus bytes written): what a decode step,
+    which streams the weights and the KV once, can at best use."""
+    size = (1 << 30) if device.startswith("cuda") else (64 << 20)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+
+    def copy() -> None:
+        for _ in range(5):
+            dst.copy_(src)
+        sync(device)
+
+    return median_rate(copy, 5 * 2 * size / 1e9)
+
+
 def prefill_all(runner: Any, slots: Slots, prompts: dict[str, list[int]], budget: int) -> None:
     names = list(prompts)
     while names:
@@ -281,31 +336,86 @@ def prefill_all(runner: Any, slots: Slots, prompts: dict[str, list[int]], budget
 
 
 def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev: str) -> dict:
+    """Decode tok/s at `batch` requests of `ctx` tokens: plain steps, with and without the
+    runner's CUDA graphs, and overlapped steps (medians of 3 timed runs)."""
     from localradix.runner.overlap import OverlapRunner
 
     slots = Slots(runner.page_size, runner.kv_capacity)
     prompts = {f"r{i}": [3 + (i + j) % (vocab - 3) for j in range(ctx)] for i in range(batch)}
     prefill_all(runner, slots, prompts, budget=8192)
     last = {n: [5] for n in prompts}
+
+    def plain() -> None:
+        nonlocal last
+        for _ in range(steps):
+            out = runner.forward(slots.batch(last), greedy(batch))
+            last = {n: [int(t)] for n, t in zip(prompts, out.token_ids)}
+        sync(dev)
+
     for _ in range(5):  # warm-up
         runner.forward(slots.batch(last), greedy(batch))
     sync(dev)
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = runner.forward(slots.batch(last), greedy(batch))
-        last = {n: [int(t)] for n, t in zip(prompts, out.token_ids)}
-    plain = batch * steps / (time.perf_counter() - start)
+    rates = {"plain": median_rate(plain, batch * steps)}
+    graphs, runner.graphs = runner.graphs, None
+    rates["eager"] = median_rate(plain, batch * steps) if graphs is not None else rates["plain"]
+    runner.graphs = graphs
     overlap = OverlapRunner(runner, capacity=4 * batch)
     pending = overlap.launch(slots.batch(last), greedy(batch))
-    start = time.perf_counter()
-    for _ in range(steps):
-        new = {n: [int(p)] for n, p in zip(prompts, pending.placeholders)}
-        following = overlap.launch(slots.batch(new), greedy(batch))
-        pending.result()
-        pending = following
+
+    def overlapped() -> None:
+        nonlocal pending
+        for _ in range(steps):
+            new = {n: [int(p)] for n, p in zip(prompts, pending.placeholders)}
+            following = overlap.launch(slots.batch(new), greedy(batch))
+            pending.result()
+            pending = following
+        sync(dev)
+
+    rates["overlap"] = median_rate(overlapped, batch * steps)
     pending.result()
-    overlapped = batch * steps / (time.perf_counter() - start)
-    return {"plain": plain, "overlap": overlapped, "context": ctx + 2 * steps + 6}
+    # the mean context of the plain runs (the roofline's KV bytes); 9 runs in all grow it
+    return {**rates, "context": ctx + 6 + 3 * steps // 2}
+
+
+def bench_mixed_decode(runner: Any, lengths: list[int], steps: int, vocab: int, dev: str) -> float:
+    """Decode tok/s of requests of different lengths in one batch (attention kernels then
+    see ragged tables: the case equal-length benchmarks never show)."""
+    slots = Slots(runner.page_size, runner.kv_capacity)
+    prompts = {
+        f"m{i}": [3 + (i + j) % (vocab - 3) for j in range(n)] for i, n in enumerate(lengths)
+    }
+    prefill_all(runner, slots, prompts, budget=8192)
+    last = {n: [5] for n in prompts}
+
+    def decode() -> None:
+        nonlocal last
+        for _ in range(steps):
+            out = runner.forward(slots.batch(last), greedy(len(prompts)))
+            last = {n: [int(t)] for n, t in zip(prompts, out.token_ids)}
+        sync(dev)
+
+    decode()  # warm-up
+    return median_rate(decode, len(prompts) * steps)
+
+
+def bench_extend_over_prefix(runner: Any, prefix: int, extend: int, vocab: int, dev: str) -> dict:
+    """A new request's `extend` tokens over a cached `prefix` (a radix-cache hit: its first
+    slots are the prefix's), against the same tokens prefilled with no prefix."""
+    slots = Slots(runner.page_size, runner.kv_capacity)
+    ids = [3 + j % (vocab - 3) for j in range(prefix)]
+    prefill_all(runner, slots, {"prefix": ids}, budget=8192)
+    tail = [5 + j % (vocab - 5) for j in range(extend)]
+    hits = iter(range(1_000))
+
+    def over_prefix() -> None:
+        name = f"hit{next(hits)}"
+        runner.forward(slots.batch({name: tail}, {name: ("prefix", prefix)}), greedy(1))
+        sync(dev)
+
+    over_prefix()  # warm-up
+    hit = median_rate(over_prefix, extend)
+    cold = bench_prefill(runner, extend, vocab, dev)
+    return {"over_prefix_tok_s": hit, "no_prefix_tok_s": cold, "slowdown": cold / hit}
 
 
 def bench_served(runner: Any, batch: int, ctx: int, new: int, overlap: bool, dev: str) -> float:
@@ -342,30 +452,54 @@ def bench_prefill(runner: Any, tokens: int, vocab: int, dev: str, reps: int = 3)
     batch = Slots(runner.page_size, runner.kv_capacity).batch({"prompt": ids})
     runner.forward(batch, greedy(1))  # warm-up (and kernel compilation)
     sync(dev)
-    start = time.perf_counter()
-    for _ in range(reps):
+
+    def prefill() -> None:
         runner.forward(batch, greedy(1))  # rewrites the same slots
-    return tokens * reps / (time.perf_counter() - start)
+        sync(dev)
+
+    return median_rate(prefill, tokens, reps)
 
 
 def run_speed(runner: Any, opts: argparse.Namespace, clock: Clock, report: Report) -> None:
     model, config, dev = runner.model, runner.config, opts.device
     per_token_kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     per_token_kv *= runner.dtype.itemsize
+    vocab = config.vocab_size
     for batch in opts.decode_batches:
-        if not clock.allows(f"decode batch {batch}", 20, report):
+        if not clock.allows(f"decode batch {batch}", 30, report):
             continue
-        r = bench_decode(runner, batch, opts.context, opts.steps, config.vocab_size, dev)
+        r = bench_decode(runner, batch, opts.context, opts.steps, vocab, dev)
         report.numbers[f"decode_b{batch}_tok_s"] = r
         print(
-            f"decode batch {batch:>3}: {r['plain']:9.1f} tok/s plain, "
-            f"{r['overlap']:9.1f} tok/s overlapped (context ~{r['context']})",
+            f"decode batch {batch:>3}: {r['plain']:9.1f} tok/s ({r['eager']:.1f} without "
+            f"graphs), {r['overlap']:9.1f} tok/s overlapped (context ~{r['context']})",
             flush=True,
         )
         if batch == 1:
             roofline(model, per_token_kv, r, opts, report)
+    if clock.allows("mixed-length decode", 30, report):
+        rng = np.random.default_rng(7)
+        lengths = rng.integers(opts.mixed_range[0], opts.mixed_range[1], opts.mixed_batch).tolist()
+        rate = bench_mixed_decode(runner, lengths, opts.steps, vocab, dev)
+        report.numbers["mixed_decode_tok_s"] = {"rate": rate, "lengths": lengths}
+        print(
+            f"mixed decode {len(lengths)} requests of {min(lengths)}-{max(lengths)} tokens: "
+            f"{rate:9.1f} tok/s",
+            flush=True,
+        )
+    if clock.allows("extend over a cached prefix", 30, report):
+        prefix, extend = opts.extend_over
+        r = bench_extend_over_prefix(runner, prefix, extend, vocab, dev)
+        report.numbers["extend_over_prefix"] = {**r, "prefix": prefix, "extend": extend}
+        verdict = "meets" if r["slowdown"] <= 2 else "misses"
+        print(
+            f"extend {extend} over a cached {prefix}: {r['over_prefix_tok_s']:9.1f} tok/s vs "
+            f"{r['no_prefix_tok_s']:.1f} with no prefix ({r['slowdown']:.2f}x: {verdict} the "
+            "2x target)",
+            flush=True,
+        )
     if clock.allows(f"prefill {opts.prefill_tokens}", 20, report):
-        rate = bench_prefill(runner, opts.prefill_tokens, config.vocab_size, dev)
+        rate = bench_prefill(runner, opts.prefill_tokens, vocab, dev)
         report.numbers[f"prefill_{opts.prefill_tokens}_tok_s"] = rate
         print(f"prefill {opts.prefill_tokens} tokens: {rate:9.1f} tok/s", flush=True)
     for batch in opts.decode_batches:
@@ -384,7 +518,7 @@ def run_speed(runner: Any, opts: argparse.Namespace, clock: Clock, report: Repor
 
 
 def roofline(model: Any, per_token_kv: int, r: dict, opts: argparse.Namespace, report: Report):
-    gbps, source = hbm_gbps(opts.device, opts.hbm_gbps)
+    gbps, source = opts.roofline_gbps
     step_bytes = weight_bytes_per_step(model) + per_token_kv * r["context"]
     best = max(r["plain"], r["overlap"])
     if gbps is None:
@@ -402,6 +536,28 @@ def roofline(model: Any, per_token_kv: int, r: dict, opts: argparse.Namespace, r
     )
 
 
+def hf_compiled_reference(hf: Any, opts: argparse.Namespace, report: Report) -> None:
+    """transformers at batch 1 in bf16 with a static cache and torch.compile: the same-GPU
+    reference the batch-1 decode is held against."""
+    model = hf.to(torch.bfloat16)
+    model.generation_config.cache_implementation = "static"
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    prompt = torch.arange(3, 3 + opts.context, device=model.device)[None] % model.config.vocab_size
+    new = opts.steps
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    for _ in range(2):  # compile and capture
+        model.generate(prompt, **kw)
+    sync(opts.device)
+
+    def generate() -> None:
+        model.generate(prompt, **kw)
+        sync(opts.device)
+
+    rate = median_rate(generate, new)
+    report.numbers["hf_compiled_b1_tok_s"] = rate
+    print(f"transformers bf16, static cache + torch.compile, batch 1: {rate:9.1f} tok/s")
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -414,14 +570,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mem-fraction", type=float, default=0.3, help="KV pool share of free memory")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, small sizes")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument(
+        "--attention",
+        choices=("auto", "flashinfer", "triton", "torch_native"),
+        default="auto",
+        help="the bf16 runner's attention kernels",
+    )
+    p.add_argument("--no-hf-reference", action="store_true", help="skip the compiled HF run")
     opts = p.parse_args(argv)
     opts.decode_batches, opts.context, opts.steps, opts.prefill_tokens = (1, 32, 128), 512, 50, 4096
     opts.parity_lengths, opts.parity_new = (7, 50, 300, 120), 24
+    opts.mixed_batch, opts.mixed_range, opts.extend_over = 32, (64, 4096), (8192, 2048)
     if opts.smoke:
         opts.device, opts.preset = "cpu", "tiny"
         opts.decode_batches, opts.context, opts.steps, opts.prefill_tokens = (1, 4), 16, 4, 64
         opts.parity_lengths, opts.parity_new = (5, 12, 20, 10), 6
+        opts.mixed_batch, opts.mixed_range, opts.extend_over = 4, (4, 48), (64, 32)
+        opts.no_hf_reference = True
+    if opts.json is None and os.environ.get("OUT"):
+        opts.json = Path(os.environ["OUT"]) / "gpu_check.json"
     return opts
 
 
@@ -434,6 +602,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means fp32 matmuls
     torch.backends.cudnn.allow_tf32 = False
+    report.numbers["versions"] = found = versions(opts.device)
+    print("versions:", ", ".join(f"{k} {v}" for k, v in found.items() if v), flush=True)
+    measured = copy_bandwidth(opts.device)
+    peak, source = hbm_gbps(opts.device, None)
+    report.numbers["copy_gbps"], report.numbers["table_peak_gbps"] = measured, peak
+    print(f"copy bandwidth: {measured:.0f} GB/s measured (peak {peak} GB/s: {source})")
+    opts.roofline_gbps = (
+        (opts.hbm_gbps, "--hbm-gbps") if opts.hbm_gbps else (measured, "measured copy bandwidth")
+    )
     with tempfile.TemporaryDirectory(prefix="localradix-gpu-check-") as tmp:
         folder = Path(tmp)
         started = time.monotonic()
@@ -447,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {**vars(report), "failed": failed, "elapsed_s": opts.time_limit - clock.left()}
     print("summary:", json.dumps(summary, default=str))
     if opts.json:
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(summary, default=str, indent=2))
     return 1 if failed else 0
 
@@ -472,10 +650,16 @@ def run_checks(hf: Any, folder: Path, opts: argparse.Namespace, clock: Clock, re
 def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clock, report):
     from localradix.backends.cuda.runner import DeviceRunner
 
-    # Each decode batch's requests hold their context and both timed runs' tokens at once.
-    kv = max(opts.decode_batches) * (opts.context + 2 * opts.steps + 16) + opts.page_size
+    # Each decode batch's requests hold their context and all 9 timed runs' tokens at once.
+    kv = max(opts.decode_batches) * (opts.context + 9 * opts.steps + 16) + opts.page_size
     args = ServerArgs(mem_fraction=opts.mem_fraction, context_length=8192, max_total_tokens=kv)
-    args = args.replace(max_running_requests=max(opts.decode_batches), page_size=opts.page_size)
+    mixed = opts.mixed_batch * opts.mixed_range[1] + sum(opts.extend_over) * 4
+    args = args.replace(
+        max_running_requests=max(opts.decode_batches),
+        page_size=opts.page_size,
+        max_total_tokens=max(kv, mixed),
+        attention=opts.attention,
+    )
     started = time.monotonic()
     runner = build_runner(folder, opts.device, "bfloat16", args)
     kind = type(runner.attn).__name__
@@ -485,7 +669,7 @@ def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clo
     report.numbers["bf16_attention"] = kind
     ours, logs = generate(runner, prompts, opts.parity_new)
     check_greedy(hf, prompts, ours, BF16_TOL, report, f"bf16 {kind} greedy vs transformers fp32")
-    if kind == "FlashInferAttention":
+    if kind != "TorchNativeAttention":
         native_args = args.replace(max_total_tokens=16384)
         native = DeviceRunner(
             runner.model,
@@ -497,12 +681,20 @@ def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clo
             graphs=False,
         )
         _, native_logs = generate(native, prompts, opts.parity_new, forced=ours)
-        compare_logits(logs, native_logs, report)
+        compare_logits(logs, native_logs, report, kind)
         del native
     else:
-        report.skipped.append("FlashInfer checks (flashinfer not installed)")
+        report.skipped.append("kernel vs torch-native logits (torch-native ran)")
     torch.cuda.empty_cache()
     run_speed(runner, opts, clock, report)
+    del runner
+    torch.cuda.empty_cache()
+    if not opts.no_hf_reference and clock.allows("compiled transformers reference", 150, report):
+        try:
+            hf_compiled_reference(hf, opts, report)
+        except Exception as exc:  # a reference that cannot compile must not fail the check
+            print(f"[SKIP] compiled transformers reference: {type(exc).__name__}: {exc}")
+            report.skipped.append(f"compiled transformers reference ({type(exc).__name__})")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,13 @@ def test_gpu_check_smoke_runs_on_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[PASS] fp32 greedy vs transformers" in done.stdout
     assert "roofline batch 1:" in done.stdout and "prefill 64 tokens" in done.stdout
+    assert done.stdout.startswith("versions: python") and "copy bandwidth:" in done.stdout
+    assert "mixed decode 4 requests" in done.stdout and "extend 32 over a cached 64" in done.stdout
     result = json.loads(out.read_text())
     assert result["failed"] == [] and result["checks"]["fp32 greedy vs transformers"]
     assert set(result["numbers"]) >= {"decode_b1_tok_s", "decode_b4_tok_s", "roofline_b1"}
+    assert result["numbers"]["extend_over_prefix"]["slowdown"] > 0
+    assert result["numbers"]["versions"]["torch"] and result["numbers"]["copy_gbps"] > 0
     served = result["numbers"]["served_decode_b4_tok_s"]
     assert served["plain"] > 0 and served["overlap"] > 0
     assert "served decode batch   4:" in done.stdout
