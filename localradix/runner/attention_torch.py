@@ -1,10 +1,11 @@
 """The torch-native reference attention backend (any torch device, no extra libraries).
 
 Per layer: K/V of the new tokens go to the cache with one `index_copy_`; all decode requests
-(one new token each) run as ONE batched SDPA over K/V gathered into a padded [B, L] slot table
-with a key-padding mask (split into a few calls only when the gathered K/V would pass
-`decode_gather_bytes`); each extend (prefill) request runs as its own SDPA with a causal mask
-shifted by its cached prefix length (plain `is_causal` when it has no prefix).
+(one new token each) run as ONE batched SDPA over K/V gathered into a [B, L] slot table, or,
+when their lengths differ (a key-padding mask), as grouped matmuls (split into a few calls
+only when the gathered K/V would pass `decode_gather_bytes`); each extend (prefill) request
+runs as its own SDPA with a causal mask shifted by its cached prefix length (plain
+`is_causal` when it has no prefix).
 
 Decode requests that share a cached prefix (the same radix-tree slots, e.g. one system prompt)
 attend to it once per group ("cascade" attention, as FlashInfer's cascade kernels do): one
@@ -28,6 +29,12 @@ from localradix.step import ForwardBatch
 
 # Read at each step, so a benchmark can move it (benchmarks/bench_attention.py).
 MIN_SHARED_PREFIX = plans.MIN_SHARED_PREFIX
+# SDPA with both a mask and GQA runs PyTorch's slow math kernel on GPUs: there, decodes of
+# different lengths take the grouped matmuls and masked extends repeat K/V per query head.
+# On CPUs SDPA is the faster of the two by 1.2-8x (1 thread, 9/3 heads of 64: decode 8 x
+# 512-2048 keys 0.35 vs 3.0 ms, extend 64 over 512 1.1 vs 2.1 ms). None: by device; tests
+# set True to run the GPU path here.
+GROUPED_WHEN_MASKED: bool | None = None
 # Extends of at most this many tokens over a cached prefix (a verify step's k + 1, a short
 # turn) attend with grouped matmuls, not SDPA: see `_grouped`.
 SMALL_EXTEND = 16
@@ -111,12 +118,12 @@ class TorchNativeAttention(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         batch = q.shape[0]
-        if plan.shared:
+        if plan.shared or (plan.mask is not None and _avoid_masked_gqa_sdpa(q)):
             return _cascade(plan, q, k_cache, v_cache, scale).reshape(batch, -1)
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
             return _grouped(q, k_cache[plan.slots], v_cache[plan.slots], scale)
         keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
-        if batch == 1 and plan.mask is None:  # one request on scattered slots (after drafts)
+        if batch == 1:  # one request on scattered slots (after drafts)
             return _grouped(q, keys[0], values[0], scale)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
@@ -147,6 +154,10 @@ class TorchNativeAttention(AttentionBackend):
         else:
             keys = k_cache[plan.slots].to(q.dtype)  # [S, Hkv, D]
             values = v_cache[plan.slots].to(q.dtype)
+        group = q.shape[1] // keys.shape[1]
+        if plan.mask is not None and group > 1 and _avoid_masked_gqa_sdpa(q):
+            keys = keys.repeat_interleave(group, dim=1)
+            values = values.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
             keys.transpose(0, 1).unsqueeze(0),
@@ -154,7 +165,7 @@ class TorchNativeAttention(AttentionBackend):
             attn_mask=plan.mask,
             is_causal=plan.mask is None,
             scale=scale,
-            enable_gqa=True,
+            enable_gqa=keys.shape[1] != q.shape[1],
         )
         return out[0].transpose(0, 1).reshape(plan.end - plan.start, -1)
 
@@ -184,6 +195,12 @@ class TorchNativeAttention(AttentionBackend):
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)
+
+
+def _avoid_masked_gqa_sdpa(q: torch.Tensor) -> bool:
+    if GROUPED_WHEN_MASKED is not None:
+        return GROUPED_WHEN_MASKED
+    return q.device.type != "cpu"
 
 
 def _grouped(

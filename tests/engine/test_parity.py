@@ -151,3 +151,37 @@ def test_paged_kv_matches(tiny_model, page_size):
         assert token_lists(engine.generate(long, params)) == [hf_greedy(hf, p, 40) for p in long]
         assert engine.stats().retractions > 0
         engine.check_invariants(idle=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_gpu_way_around_masked_gqa_sdpa_matches(tiny_model, arch, monkeypatch):
+    """On GPUs SDPA with a mask and GQA runs the slow math kernel, so there decodes of
+    different lengths take grouped matmuls and masked extends repeat K/V per query head:
+    forced here on the CPU, token for token like transformers."""
+    import torch.nn.functional as F
+
+    import localradix.runner.attention_torch as native
+
+    monkeypatch.setattr(native, "GROUPED_WHEN_MASKED", True)
+    calls: list[tuple[bool, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append((kw.get("attn_mask") is not None, bool(kw.get("enable_gqa"))))
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    grouped = []
+    cascade = native._cascade
+    monkeypatch.setattr(native, "_cascade", lambda *a: grouped.append(1) or cascade(*a))
+    folder, hf = tiny_model(arch)
+    prompts = random_prompts(6, lengths=(70, 33, 9, 50))
+    refs = [hf_greedy(hf, p, NEW) for p in prompts]
+    with Engine(
+        str(folder), backend="cpu", dtype="float32", max_total_tokens=4096, chunked_prefill_size=24
+    ) as engine:
+        assert token_lists(engine.generate(prompts, GREEDY)) == refs
+        engine.check_invariants(idle=True)
+    assert (True, False) in calls  # a masked extend (a chunk after the first) with K/V repeated
+    assert (True, True) not in calls  # no masked GQA SDPA at all
+    assert len(grouped) >= 2 * (NEW - 1)  # every layer of every mixed-length decode step
