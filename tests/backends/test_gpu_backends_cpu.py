@@ -240,6 +240,17 @@ def _reference_logits(model, attn, batch: ForwardBatch) -> torch.Tensor:
         return model.compute_logits(hidden[t(batch.last_token_index)]).float()
 
 
+# Steps over graphs captured for 4, 2 and 1 requests: prefill, padded and exact decodes, mixed.
+GRAPH_STEPS = [
+    {"a": _prompt(11, 1), "b": _prompt(5, 2), "c": _prompt(7, 3)},
+    {"a": [5], "b": [6], "c": [7]},  # 3 decodes: graph of 4, one dummy
+    {"a": [8], "c": [9]},  # graph of 2
+    {"b": [10], "d": _prompt(6, 4)},  # a prefill with a decode: eager
+    {"a": [11], "b": [12], "c": [13], "d": [14]},
+    {"c": [15]},
+]
+
+
 @pytest.fixture(scope="module")
 def tiny_bf16(tiny_model):
     from localradix.loader import load_model
@@ -261,15 +272,7 @@ def test_device_runner_graphs_match_reference(fake_flashinfer, tiny_bf16, page_s
     assert api.captured == [4, 2, 1]  # largest first
     ref = TorchNativeAttention.from_model_config(config, runner.kv_capacity, torch.bfloat16, "cpu")
     slots = PagedSlots(256, page_size, seed=5)
-    steps = [
-        {"a": _prompt(11, 1), "b": _prompt(5, 2), "c": _prompt(7, 3)},
-        {"a": [5], "b": [6], "c": [7]},  # 3 decodes: graph of 4, one dummy
-        {"a": [8], "c": [9]},  # graph of 2
-        {"b": [10], "d": _prompt(6, 4)},  # mixed: eager prefill wrapper
-        {"a": [11], "b": [12], "c": [13], "d": [14]},
-        {"c": [15]},
-    ]
-    for new in steps:
+    for new in GRAPH_STEPS:
         batch = slots.batch(new)
         got = runner.logits(batch)
         want = _reference_logits(model, ref, batch)
@@ -331,15 +334,7 @@ def test_device_runner_triton_graphs_match_reference(tiny_model, page_size):
     assert api.captured == [4, 2, 1] and runner.graphs is not None
     ref = TorchNativeAttention.from_model_config(config, runner.kv_capacity, torch.float32, "cpu")
     slots = PagedSlots(64, page_size, seed=5)
-    steps = [
-        {"a": _prompt(11, 1), "b": _prompt(5, 2), "c": _prompt(7, 3)},
-        {"a": [5], "b": [6], "c": [7]},  # 3 decodes: graph of 4, one dummy
-        {"a": [8], "c": [9]},  # graph of 2
-        {"b": [10], "d": _prompt(6, 4)},  # mixed: eager extend kernel
-        {"a": [11], "b": [12], "c": [13], "d": [14]},
-        {"c": [15]},
-    ]
-    for new in steps:
+    for new in GRAPH_STEPS:
         batch = slots.batch(new)
         got = runner.logits(batch)
         want = _reference_logits(model, ref, batch)

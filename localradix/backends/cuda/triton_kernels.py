@@ -42,6 +42,21 @@ def _scores(q, keys, scale, logit_cap: tl.constexpr):
 
 
 @triton.jit
+def _kv_block(
+    k_ptr, v_ptr, indices_ptr, j, valid, kv_head, d,
+    stride_ks, stride_kh, stride_vs, stride_vh, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """Keys and values [N, D] of one KV head at a request's key positions j (masked: 0)."""
+    slot = tl.load(indices_ptr + j, mask=valid, other=0).to(tl.int64)
+    mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+    keys = tl.load(k_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
+                   mask=mask, other=0.0)  # fmt: skip
+    values = tl.load(v_ptr + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
+                     mask=mask, other=0.0)  # fmt: skip
+    return keys, values
+
+
+@triton.jit
 def _online_softmax_step(s, m_i, l_i, acc, values):
     """Fold one block of scores s [M, N] (masked entries -inf) and its values [N, D] into the
     running max m_i, sum l_i and output acc."""
@@ -106,18 +121,10 @@ def decode_partial_kernel(
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         valid = j < hi
-        slot = tl.load(kv_indices_ptr + kv_start + j, mask=valid, other=0).to(tl.int64)
-        kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-        keys = tl.load(
-            k_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        values = tl.load(
-            v_ptr + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
+        keys, values = _kv_block(
+            k_ptr, v_ptr, kv_indices_ptr + kv_start, j, valid, kv_head, d,
+            stride_ks, stride_kh, stride_vs, stride_vh, HEAD_DIM,
+        )  # fmt: skip
         s = _scores(q, keys, scale, logit_cap)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, values)
@@ -224,18 +231,10 @@ def extend_kernel(
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         valid = j < hi
-        slot = tl.load(kv_indices_ptr + kv_start + j, mask=valid, other=0).to(tl.int64)
-        kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-        keys = tl.load(
-            k_ptr + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        values = tl.load(
-            v_ptr + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
+        keys, values = _kv_block(
+            k_ptr, v_ptr, kv_indices_ptr + kv_start, j, valid, kv_head, d,
+            stride_ks, stride_kh, stride_vs, stride_vh, HEAD_DIM,
+        )  # fmt: skip
         s = _scores(q, keys, scale, logit_cap)
         seen = valid[None, :] & (j[None, :] <= q_pos[:, None])
         if window > 0:
