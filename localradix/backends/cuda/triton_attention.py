@@ -64,14 +64,20 @@ class TritonGraphState:
     seq_lens: torch.Tensor  # int32 [batch_size]
 
 
-def _require_interpreter() -> None:
-    """On a CPU the kernels run in Triton's interpreter, which must be on when triton is first
-    imported (its own library functions are made for one mode then)."""
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+def interpreter_active() -> bool:
+    """Whether triton runs kernels in its CPU interpreter (decided when it was first
+    imported: its own library functions are made for one mode then)."""
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    if not isinstance(tl.zeros, InterpretedFunction):
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
+def _require_interpreter() -> None:
+    """On a CPU the kernels run in Triton's interpreter, which must be on when triton is first
+    imported."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not interpreter_active():
         raise RuntimeError(
             "Triton attention on a CPU runs in Triton's interpreter, but triton was imported "
             "before it could be turned on: set TRITON_INTERPRET=1 in the environment"
