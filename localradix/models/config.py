@@ -8,6 +8,7 @@ metadata (see `localradix.loader.gguf`, which first writes an HF-style dict). Im
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,27 +18,75 @@ MODEL_TYPE_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling. rope_type: "default", "linear" or "llama3"."""
+    """RoPE frequency scaling. rope_type: "default", "linear", "llama3" or "longrope"."""
 
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_position_embeddings: int = 8192  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3; longrope: where long factors start
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors below that length
+    long_factor: tuple[float, ...] = ()  # longrope: ... and from it on
+    attention_factor: float = 1.0  # longrope: multiplies cos and sin (resolved by from_hf_dict)
 
     @staticmethod
     def from_hf(params: dict[str, Any] | None) -> RopeScaling:
         if not params:
             return RopeScaling()
         rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type == "su":  # Phi-3's first name for longrope
+            rope_type = "longrope"
         known = {f.name for f in dataclasses.fields(RopeScaling)} - {"rope_type"}
         values = {k: v for k, v in params.items() if k in known and v is not None}
-        return RopeScaling(rope_type=rope_type, **values)
+        return RopeScaling(rope_type=rope_type, **_tuples(values))
+
+
+def _tuples(values: dict[str, Any]) -> dict[str, Any]:
+    """Lists (from JSON) as tuples, so the frozen configs stay hashable and compare equal."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def _longrope(scaling: RopeScaling, params: dict[str, Any], d: dict[str, Any]) -> RopeScaling:
+    """What transformers' `_compute_longrope_parameters` derives: the pretraining length (a
+    top-level key wins, as Phi-3 saves it there) and the cos/sin scale, from the length ratio
+    unless the checkpoint gives `factor` or `attention_factor` itself."""
+    original = int(
+        d.get("original_max_position_embeddings")
+        or params.get("original_max_position_embeddings")
+        or d.get("max_position_embeddings", 2048)
+    )
+    factor = params.get("factor")
+    if factor is None:
+        factor = d.get("max_position_embeddings", 2048) / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return dataclasses.replace(
+        scaling,
+        factor=float(factor),
+        original_max_position_embeddings=original,
+        attention_factor=float(attention),
+    )
+
+
+def _rope_layers(d: dict[str, Any], model_type: str) -> tuple[bool, ...]:
+    """SmolLM3's `no_rope_layers` (despite the name, 1 = this layer uses RoPE), else, as
+    transformers derives it, every `no_rope_layer_interval`-th layer skips RoPE."""
+    layers = d["num_hidden_layers"]
+    flags = d.get("no_rope_layers")
+    if flags is None and model_type == "smollm3":
+        interval = d.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if flags is None or all(flags[:layers]):
+        return ()
+    return tuple(bool(f) for f in flags[:layers])
 
 
 @dataclass(frozen=True)
@@ -64,6 +113,9 @@ class ModelConfig:
     sliding_window: int | None = None  # recorded, not applied (full attention everywhere)
     torch_dtype: str | None = None  # dtype the checkpoint was saved in
     kv_layers: int | None = None  # layers that keep KV, if not all (hybrids' recurrent ones don't)
+    partial_rotary_factor: float = 1.0  # RoPE on this leading fraction of each head (Phi-4-mini)
+    rope_layers: tuple[bool, ...] = ()  # per layer: applies RoPE? () = all do (SmolLM3 NoPE)
+    fused_qkv_gate_up: bool = False  # checkpoint has qkv_proj / gate_up_proj, not parts (Phi-3)
 
     @property
     def q_size(self) -> int:
@@ -73,6 +125,25 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dims of each head that RoPE rotates (transformers truncates the same way)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def uses_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
+
+    def extensions(self) -> list[str]:
+        """What this model needs beyond the Llama/Mistral/Qwen decoder, for backends that
+        implement only that one to refuse it by name."""
+        found = {
+            "partial RoPE": self.partial_rotary_factor != 1.0,
+            "layers without RoPE": bool(self.rope_layers),
+            "longrope RoPE scaling": self.rope_scaling.rope_type == "longrope",
+            "fused qkv_proj / gate_up_proj weights": self.fused_qkv_gate_up,
+        }
+        return [name for name, needed in found.items() if needed]
+
     @staticmethod
     def from_hf_dict(d: dict[str, Any]) -> ModelConfig:
         model_type = d.get("model_type", "llama")
@@ -81,6 +152,12 @@ class ModelConfig:
         rope = d.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
         scaling = d.get("rope_scaling") or rope
+        rope_scaling = RopeScaling.from_hf(scaling)
+        if model_type == "phi3" and rope_scaling.rope_type == "yarn":
+            rope_scaling = dataclasses.replace(rope_scaling, rope_type="longrope")  # as HF does
+        if rope_scaling.rope_type == "longrope":
+            rope_scaling = _longrope(rope_scaling, scaling, d)
+        partial = scaling.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
         window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
@@ -97,7 +174,7 @@ class ModelConfig:
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            rope_scaling=RopeScaling.from_hf(scaling),
+            rope_scaling=rope_scaling,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
@@ -106,6 +183,9 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             sliding_window=window,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "") or None,
+            partial_rotary_factor=float(partial),
+            rope_layers=_rope_layers(d, model_type),
+            fused_qkv_gate_up=model_type == "phi3",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +195,7 @@ class ModelConfig:
     def from_dict(d: dict[str, Any]) -> ModelConfig:
         """Inverse of `to_dict` (used by the GGUF conversion cache)."""
         values = dict(d)
-        values["rope_scaling"] = RopeScaling(**values.get("rope_scaling", {}))
+        values["rope_scaling"] = RopeScaling(**_tuples(values.get("rope_scaling", {})))
         values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
+        values["rope_layers"] = tuple(values.get("rope_layers", ()))
         return ModelConfig(**values)

@@ -1,15 +1,16 @@
-"""One decoder-only transformer for the Llama family, Mistral, Qwen2 and Qwen3.
+"""One decoder-only transformer for the Llama family, Mistral, Qwen2, Qwen3, Phi-3/4, SmolLM3.
 
 Differences are config flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied
-embeddings, GQA, RoPE theta/scaling. The hot path is lean on purpose: fused qkv and gate_up
-matmuls, RoPE applied to q and k in one go, functional ops on raw parameters, and layers called
-via `.forward` (no nn.Module hook machinery), because per-op Python overhead dominates small
-models on CPU.
+embeddings, GQA, RoPE theta/scaling (longrope: Phi-3), partial RoPE (Phi-4-mini), layers
+without RoPE (SmolLM3); Phi-3's fused checkpoint names are the weight loader's business. The
+hot path is lean on purpose: fused qkv and gate_up matmuls, RoPE applied to q and k in one go,
+functional ops on raw parameters, and layers called via `.forward` (no nn.Module hook
+machinery), because per-op Python overhead dominates small models on CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import torch
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localradix.models.config import ModelConfig
-from localradix.models.rotary import RotaryTable, apply_rotary
+from localradix.models.rotary import RotaryTable, apply_partial_rotary, apply_rotary
 from localradix.models.weights import WeightLoader
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.tp.comm import SINGLE, TPComm
@@ -35,6 +36,16 @@ class _Factory:
         return nn.Parameter(data, requires_grad=False)
 
 
+Rotation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _rotation(config: ModelConfig, layer_id: int) -> Rotation | None:
+    """How this layer applies RoPE to q and k, chosen once so the forward only calls it."""
+    if not config.uses_rope(layer_id):
+        return None  # a NoPE layer: attention sees no positions
+    return apply_rotary if config.rotary_dim == config.head_dim else apply_partial_rotary
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self, config: ModelConfig, layer_id: int, new: _Factory, tp: TPComm = SINGLE
@@ -50,6 +61,7 @@ class DecoderLayer(nn.Module):
         self.num_qk_heads = c.num_attention_heads + c.num_key_value_heads
         self.qk_size = c.q_size + c.kv_size
         self.scale = c.head_dim**-0.5
+        self.rotate = _rotation(c, layer_id)
         self.input_norm = new(c.hidden_size)
         self.qkv_weight = new(c.q_size + 2 * c.kv_size, c.hidden_size)
         self.qkv_bias = new(c.q_size + 2 * c.kv_size) if c.attention_bias else None
@@ -73,8 +85,8 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,  # [T, hidden]: previous layer's output (or the embeddings)
         residual: torch.Tensor | None,  # [T, hidden]: running residual stream
-        cos: torch.Tensor,  # [T, 1, D]
-        sin: torch.Tensor,  # [T, 1, D]
+        cos: torch.Tensor,  # [T, 1, rotary_dim]
+        sin: torch.Tensor,  # [T, 1, rotary_dim]
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         residual = x if residual is None else x + residual
@@ -84,7 +96,8 @@ class DecoderLayer(nn.Module):
         qk = qkv[:, : self.qk_size].view(tokens, self.num_qk_heads, self.head_dim)
         if self.qk_norm_weight is not None:
             qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.qk_norm_weight
-        qk = apply_rotary(qk, cos, sin)
+        if self.rotate is not None:
+            qk = self.rotate(qk, cos, sin)
         v = qkv[:, self.qk_size :].view(tokens, -1, self.head_dim)
         o = attn.forward(
             qk[:, : self.num_heads], qk[:, self.num_heads :], v, self.layer_id, self.scale

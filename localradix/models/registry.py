@@ -15,6 +15,8 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "MistralForCausalLM": _DECODER,
         "Qwen2ForCausalLM": _DECODER,
         "Qwen3ForCausalLM": _DECODER,
+        "Phi3ForCausalLM": _DECODER,  # Phi-3 and Phi-4(-mini): fused weights, longrope
+        "SmolLM3ForCausalLM": _DECODER,  # some layers without RoPE
         # Bare decoders (embedding models such as Qwen3-Embedding): the same stack, no head.
         "LlamaModel": _DECODER,
         "MistralModel": _DECODER,

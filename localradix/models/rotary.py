@@ -3,6 +3,7 @@
 The table is computed in float32 exactly as transformers does (positions * inv_freq, then
 cos/sin) and stored in the model dtype, so indexing it equals transformers' on-the-fly values.
 The sign of rotate_half is folded into the sin table, so applying RoPE is roll + mul + addcmul.
+With partial RoPE the table covers only the rotated leading dims of a head.
 """
 
 from __future__ import annotations
@@ -24,7 +25,29 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
         return _llama3_scaled(inv_freq, scaling)
+    if scaling.rope_type == "longrope":
+        raise ValueError("longrope frequencies depend on the position: use position_angles")
     raise NotImplementedError(f"RoPE scaling type {scaling.rope_type!r} is not supported")
+
+
+def position_angles(
+    positions: torch.Tensor, dim: int, theta: float, scaling: RopeScaling
+) -> torch.Tensor:
+    """float32 [P, dim // 2] rotation angles of these (float) positions."""
+    if scaling.rope_type != "longrope":
+        return positions[:, None] * inverse_frequencies(dim, theta, scaling)[None, :]
+    short = positions[:, None] * _longrope_inverse(dim, theta, scaling.short_factor)[None, :]
+    long = positions[:, None] * _longrope_inverse(dim, theta, scaling.long_factor)[None, :]
+    # transformers uses the long factors for a whole call once its last position is past the
+    # pretraining length; decoding token by token that means "from this position on", the only
+    # reading a position-indexed KV cache (shared, chunked, recomputed) can keep consistent.
+    from_long = positions >= scaling.original_max_position_embeddings
+    return torch.where(from_long[:, None], long, short)
+
+
+def _longrope_inverse(dim: int, theta: float, factors: tuple[float, ...]) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**exponents)
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -39,7 +62,7 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotaryTable:
-    """cos / signed-sin tables [max_positions, head_dim] in the model dtype."""
+    """cos / signed-sin tables [max_positions, rotary_dim] in the model dtype."""
 
     def __init__(
         self,
@@ -49,14 +72,18 @@ class RotaryTable:
         max_positions: int | None = None,
         freq_factors: torch.Tensor | None = None,
     ) -> None:
-        self.head_dim = config.head_dim
+        self.rotary_dim = dim = config.rotary_dim
         self.max_positions = max_positions or config.max_position_embeddings
-        inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-        if freq_factors is not None:  # llama.cpp stores llama3-style scaling as divisors
-            inv_freq = inv_freq / freq_factors.float().cpu()
         positions = torch.arange(self.max_positions, dtype=torch.int64).float()
-        freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+        scaling = config.rope_scaling
+        if freq_factors is None:
+            freqs = position_angles(positions, dim, config.rope_theta, scaling)  # [P, D/2]
+        else:  # llama.cpp stores llama3-style scaling as divisors
+            inv_freq = inverse_frequencies(dim, config.rope_theta, scaling)
+            freqs = positions[:, None] * (inv_freq / freq_factors.float().cpu())[None, :]
         cos, sin = freqs.cos(), freqs.sin()
+        if scaling.attention_factor != 1.0:  # longrope's scale, on both as transformers does
+            cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
         self.cos = torch.cat([cos, cos], dim=-1).to(device=device, dtype=dtype)
         self.sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)
 
@@ -68,3 +95,9 @@ class RotaryTable:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] -> x * cos + rotate_half(x) * sin (rotate_half's sign lives in `sin`)."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the leading cos.shape[-1] dims of each head; the rest pass through."""
+    rot = cos.shape[-1]
+    return torch.cat([apply_rotary(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)

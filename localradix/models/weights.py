@@ -1,7 +1,9 @@
 """Maps Hugging Face parameter names onto the fused parameters of `DecoderForCausalLM`.
 
 q/k/v projections land in row slices of one `qkv_weight` (and `qkv_bias`), gate/up in one
-`gate_up_weight`. Every expected parameter must be loaded exactly once (checked at the end).
+`gate_up_weight`; Phi-3 checkpoints store both already fused (`qkv_proj`, `gate_up_proj`, in
+the same row order), which load whole. Every expected parameter must be loaded exactly once
+(checked at the end).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ class WeightLoader:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if m.lm_head is not None:
             names.append("lm_head.weight")
+        per_layer = _FUSED_NAMES if m.config.fused_qkv_gate_up else _LAYER_NAMES
         for i, layer in enumerate(m.layers):
             p = f"model.layers.{i}."
-            names += [p + s for s in _LAYER_NAMES]
+            names += [p + s for s in per_layer]
             if layer.qkv_bias is not None:
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
             if layer.q_norm is not None:
@@ -87,6 +90,14 @@ _LAYER_NAMES = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
+_FUSED_NAMES = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.qkv_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_up_proj.weight",
+    "mlp.down_proj.weight",
+)
 
 
 def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -> torch.Tensor:
@@ -101,6 +112,8 @@ def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -
         "input_layernorm.weight": layer.input_norm,
         "post_attention_layernorm.weight": layer.post_norm,
         "self_attn.o_proj.weight": layer.o_weight,
+        "self_attn.qkv_proj.weight": layer.qkv_weight,  # Phi-3: [q; k; v] rows, as ours
+        "mlp.gate_up_proj.weight": layer.gate_up_weight,  # Phi-3: [gate; up] rows, as ours
         "self_attn.q_norm.weight": layer.q_norm,
         "self_attn.k_norm.weight": layer.k_norm,
         "mlp.down_proj.weight": layer.down_weight,

@@ -45,6 +45,11 @@ def create_mlx_runner(
         config, weights = load_weights(source, args.quantize)
         if not is_supported(config.architecture):
             raise ValueError(f"model architecture {config.architecture!r} is not supported by MLX")
+        if config.extensions():  # the torch decoder has them, the MLX twin not yet
+            raise ValueError(
+                f"the MLX backend does not implement {', '.join(config.extensions())} "
+                f"({config.architecture}): serve it with --backend cpu (or a GPU backend)"
+            )
         model = MLXDecoderForCausalLM(config, weights, DTYPES[target.dtype])
     del weights  # before the KV budget is taken from what memory is left
     logger.info("Weights: %.1f MiB resident in MLX arrays", model.weight_bytes / 2**20)

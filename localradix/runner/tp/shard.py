@@ -49,6 +49,11 @@ class Shard:
     def check(self, config: ModelConfig) -> None:
         """Raise ValueError when `config` cannot be split over `size` ranks."""
         c, n = config, self.size
+        if c.fused_qkv_gate_up and n > 1:  # q/k/v (gate/up) share a tensor: no one range per rank
+            raise ValueError(
+                f"--tp {n} does not split {c.architecture}'s fused qkv_proj / gate_up_proj "
+                "weights: serve it with --tp 1"
+            )
         problems = []
         if c.num_attention_heads % n:
             problems.append(f"{c.num_attention_heads} attention heads")
