@@ -20,6 +20,8 @@ MODEL_TYPE_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -116,6 +118,13 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # RoPE on this leading fraction of each head (Phi-4-mini)
     rope_layers: tuple[bool, ...] = ()  # per layer: applies RoPE? () = all do (SmolLM3 NoPE)
     fused_qkv_gate_up: bool = False  # checkpoint has qkv_proj / gate_up_proj, not parts (Phi-3)
+    # Mixture of experts (Mixtral, Qwen3-MoE); num_experts == 0: every layer has a dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's MLP width (dense layers: intermediate_size)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen3-MoE: layers with a dense MLP ...
+    decoder_sparse_step: int = 1  # ... and else only every step-th layer has experts
 
     @property
     def q_size(self) -> int:
@@ -133,6 +142,14 @@ class ModelConfig:
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
 
+    def uses_moe(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
     def extensions(self) -> list[str]:
         """What this model needs beyond the Llama/Mistral/Qwen decoder, for backends that
         implement only that one to refuse it by name."""
@@ -141,6 +158,7 @@ class ModelConfig:
             "layers without RoPE": bool(self.rope_layers),
             "longrope RoPE scaling": self.rope_scaling.rope_type == "longrope",
             "fused qkv_proj / gate_up_proj weights": self.fused_qkv_gate_up,
+            "mixture of experts": self.num_experts > 0,
         }
         return [name for name, needed in found.items() if needed]
 
@@ -161,6 +179,8 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
         window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
+        # transformers 4 Qwen3-MoE says num_experts; Mixtral and transformers 5 num_local_experts
+        experts = int(d.get("num_local_experts") or d.get("num_experts") or 0)
         return ModelConfig(
             architecture=archs[0],
             model_type=model_type,
@@ -177,7 +197,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             hidden_act=d.get("hidden_act", "silu"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
@@ -186,6 +206,19 @@ class ModelConfig:
             partial_rotary_factor=float(partial),
             rope_layers=_rope_layers(d, model_type),
             fused_qkv_gate_up=model_type == "phi3",
+            num_experts=experts,
+            num_experts_per_tok=(
+                int(d.get("num_experts_per_tok") or (8 if model_type == "qwen3_moe" else 2))
+                if experts
+                else 0
+            ),  # (defaults: transformers')
+            moe_intermediate_size=(
+                int(d.get("moe_intermediate_size") or d["intermediate_size"]) if experts else 0
+            ),
+            # Mixtral's router always renormalises its top-k; Qwen3-MoE's when configured to
+            norm_topk_prob=model_type == "mixtral" or bool(d.get("norm_topk_prob", False)),
+            mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+            decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,4 +231,5 @@ class ModelConfig:
         values["rope_scaling"] = RopeScaling(**_tuples(values.get("rope_scaling", {})))
         values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
         values["rope_layers"] = tuple(values.get("rope_layers", ()))
+        values["mlp_only_layers"] = tuple(values.get("mlp_only_layers", ()))
         return ModelConfig(**values)

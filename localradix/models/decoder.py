@@ -1,11 +1,14 @@
-"""One decoder-only transformer for the Llama family, Mistral, Qwen2, Qwen3, Phi-3/4, SmolLM3.
+"""One decoder-only transformer for the Llama family, Mistral, Qwen2, Qwen3, Phi-3/4, SmolLM3,
+Mixtral and Qwen3-MoE.
 
 Differences are config flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied
 embeddings, GQA, RoPE theta/scaling (longrope: Phi-3), partial RoPE (Phi-4-mini), layers
-without RoPE (SmolLM3); Phi-3's fused checkpoint names are the weight loader's business. The
-hot path is lean on purpose: fused qkv and gate_up matmuls, RoPE applied to q and k in one go,
-functional ops on raw parameters, and layers called via `.forward` (no nn.Module hook
-machinery), because per-op Python overhead dominates small models on CPU.
+without RoPE (SmolLM3), a mixture-of-experts MLP (`moe.py`: Mixtral, Qwen3-MoE, whose
+`mlp_only_layers` / `decoder_sparse_step` keep some layers dense); Phi-3's fused checkpoint
+names are the weight loader's business. The hot path is lean on purpose: fused qkv and
+gate_up matmuls, RoPE applied to q and k in one go, functional ops on raw parameters, and
+layers called via `.forward` (no nn.Module hook machinery), because per-op Python overhead
+dominates small models on CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localradix.models.config import ModelConfig
+from localradix.models.moe import MoEBlock
 from localradix.models.rotary import RotaryTable, apply_partial_rotary, apply_rotary
 from localradix.models.weights import WeightLoader
 from localradix.runner.attention import AttentionBackend
@@ -70,8 +74,10 @@ class DecoderLayer(nn.Module):
         self.qk_norm_weight: torch.Tensor | None = None  # [Hq + Hkv, D], built by finalize()
         self.o_weight = new(c.hidden_size, c.q_size)
         self.post_norm = new(c.hidden_size)
-        self.gate_up_weight = new(2 * c.intermediate_size, c.hidden_size)
-        self.down_weight = new(c.hidden_size, c.intermediate_size)
+        self.moe = MoEBlock(c, new) if c.uses_moe(layer_id) else None  # else a dense MLP:
+        dense = self.moe is None
+        self.gate_up_weight = new(2 * c.intermediate_size, c.hidden_size) if dense else None
+        self.down_weight = new(c.hidden_size, c.intermediate_size) if dense else None
 
     def finalize(self) -> None:
         """Derive the fused per-head q/k norm weight once all weights are loaded."""
@@ -104,6 +110,9 @@ class DecoderLayer(nn.Module):
         )
         residual = self.tp.all_reduce(F.linear(o, self.o_weight)) + residual
         h = F.rms_norm(residual, self.hidden_shape, self.post_norm, self.eps)
+        if self.moe is not None:  # no all-reduce: Shard.check refuses experts under TP
+            return self.moe.forward(h), residual
+        assert self.gate_up_weight is not None and self.down_weight is not None
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
         return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight)), residual
 

@@ -17,6 +17,8 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "Qwen3ForCausalLM": _DECODER,
         "Phi3ForCausalLM": _DECODER,  # Phi-3 and Phi-4(-mini): fused weights, longrope
         "SmolLM3ForCausalLM": _DECODER,  # some layers without RoPE
+        "MixtralForCausalLM": _DECODER,  # mixture of experts (models/moe.py)
+        "Qwen3MoeForCausalLM": _DECODER,  # ... with q/k norm, some layers maybe dense
         # Bare decoders (embedding models such as Qwen3-Embedding): the same stack, no head.
         "LlamaModel": _DECODER,
         "MistralModel": _DECODER,

@@ -54,6 +54,11 @@ class Shard:
                 f"--tp {n} does not split {c.architecture}'s fused qkv_proj / gate_up_proj "
                 "weights: serve it with --tp 1"
             )
+        if c.num_experts and n > 1:  # expert parallelism / sharded experts: not yet
+            raise ValueError(
+                f"--tp {n} does not split {c.architecture}'s mixture of experts: "
+                "serve it with --tp 1"
+            )
         problems = []
         if c.num_attention_heads % n:
             problems.append(f"{c.num_attention_heads} attention heads")
