@@ -22,6 +22,7 @@ MODEL_TYPE_ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
@@ -125,6 +126,14 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
     mlp_only_layers: tuple[int, ...] = ()  # Qwen3-MoE: layers with a dense MLP ...
     decoder_sparse_step: int = 1  # ... and else only every step-th layer has experts
+    # Gemma 3 (models/gemma3.py)
+    windows: tuple[int, ...] = ()  # per layer: sliding window (0 = full attention); () = none
+    local_rope_theta: float | None = None  # RoPE base of the windowed layers (no scaling)
+    offset_norms: bool = False  # RMSNorms scale by (1 + weight), in float32
+    embed_scale: float = 1.0  # embeddings are multiplied by this (in the model dtype)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power, not D's
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0 = none
+    attn_logit_softcap: float = 0.0  # the same on attention scores (Gemma 2; not applied)
 
     @property
     def q_size(self) -> int:
@@ -141,6 +150,11 @@ class ModelConfig:
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
+
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's sliding window (keys p - window < j <= p), 0 = none; () = no layer
+        has one. Attention backends apply them (`AttentionBackend.from_model_config`)."""
+        return self.windows if any(self.windows) else ()
 
     def uses_moe(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
@@ -159,6 +173,9 @@ class ModelConfig:
             "longrope RoPE scaling": self.rope_scaling.rope_type == "longrope",
             "fused qkv_proj / gate_up_proj weights": self.fused_qkv_gate_up,
             "mixture of experts": self.num_experts > 0,
+            "sliding-window attention layers": bool(self.layer_windows()),
+            "Gemma (1 + weight) norms and embedding scale": self.offset_norms,
+            "logit soft-capping": bool(self.final_logit_softcap or self.attn_logit_softcap),
         }
         return [name for name, needed in found.items() if needed]
 
@@ -181,7 +198,7 @@ class ModelConfig:
         window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
         # transformers 4 Qwen3-MoE says num_experts; Mixtral and transformers 5 num_local_experts
         experts = int(d.get("num_local_experts") or d.get("num_experts") or 0)
-        return ModelConfig(
+        config = ModelConfig(
             architecture=archs[0],
             model_type=model_type,
             vocab_size=d["vocab_size"],
@@ -220,6 +237,7 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
         )
+        return _gemma3(config, d) if model_type == "gemma3_text" else config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,4 +250,50 @@ class ModelConfig:
         values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
         values["rope_layers"] = tuple(values.get("rope_layers", ()))
         values["mlp_only_layers"] = tuple(values.get("mlp_only_layers", ()))
+        values["windows"] = tuple(values.get("windows", ()))
         return ModelConfig(**values)
+
+
+def _gemma3(config: ModelConfig, d: dict[str, Any]) -> ModelConfig:
+    """Gemma 3's text model, as transformers' `Gemma3TextConfig` reads its config.json:
+    per-layer attention types (`layer_types`, or every `sliding_window_pattern`-th layer
+    full), a local RoPE for the windowed layers and the global one (with its scaling) for the
+    others, both given per layer type in transformers 5's `rope_parameters`, or as
+    `rope_local_base_freq` / `rope_theta` / `rope_scaling` before."""
+    if d.get("use_bidirectional_attention"):
+        raise ValueError(
+            "Gemma 3 with bidirectional attention (an embedding model) is not a decoder"
+        )
+    layers = config.num_hidden_layers
+    types = d.get("layer_types")
+    if types is None:
+        pattern = int(d.get("sliding_window_pattern") or 6)
+        types = [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ]
+    window = int(d.get("sliding_window") or 0)
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types[:layers])
+    params = d.get("rope_parameters") or {}
+    nested = isinstance(params.get("full_attention"), dict)
+    full = (params.get("full_attention") or {}) if nested else params
+    local = (params.get("sliding_attention") or {}) if nested else {}
+    local_scaling = RopeScaling.from_hf(local)
+    if local_scaling.rope_type != "default":
+        raise ValueError(f"Gemma 3 local RoPE scaling {local_scaling.rope_type!r} is not supported")
+    hidden = config.hidden_size
+    return dataclasses.replace(
+        config,
+        windows=windows if any(windows) else (),
+        sliding_window=None,  # (that field is Mistral's unapplied one: `windows` are applied)
+        rope_theta=float(full.get("rope_theta", d.get("rope_theta", 1_000_000.0))),
+        rope_scaling=RopeScaling.from_hf(d.get("rope_scaling") or full),
+        local_rope_theta=float(local.get("rope_theta", d.get("rope_local_base_freq", 10_000.0))),
+        offset_norms=True,
+        embed_scale=hidden**0.5,
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or 256),
+        final_logit_softcap=float(d.get("final_logit_softcapping") or 0.0),
+        attn_logit_softcap=float(d.get("attn_logit_softcapping") or 0.0),
+        hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
+        tie_word_embeddings=d.get("tie_word_embeddings", True),
+        qk_norm=True,
+    )

@@ -124,6 +124,8 @@ class DecoderForCausalLM(nn.Module):
     the slice's, and each block half ends with an all-reduce.
     """
 
+    layer_class: type[DecoderLayer] = DecoderLayer  # (a subclass's own block: models/gemma3.py)
+
     def __init__(
         self,
         config: ModelConfig,
@@ -146,7 +148,7 @@ class DecoderForCausalLM(nn.Module):
         new = _Factory(dtype, self.device)
         self.embed_tokens = new(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, new, tp) for i in range(config.num_hidden_layers)
+            self.layer_class(config, i, new, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = new(config.hidden_size)
         self.lm_head = None if config.tie_word_embeddings else new(*self.embed_tokens.shape)

@@ -19,6 +19,8 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "SmolLM3ForCausalLM": _DECODER,  # some layers without RoPE
         "MixtralForCausalLM": _DECODER,  # mixture of experts (models/moe.py)
         "Qwen3MoeForCausalLM": _DECODER,  # ... with q/k norm, some layers maybe dense
+        # Gemma 3 text: (1 + w) norms, four a layer, GeGLU, sliding-window layers
+        "Gemma3ForCausalLM": "localradix.models.gemma3:Gemma3ForCausalLM",
         # Bare decoders (embedding models such as Qwen3-Embedding): the same stack, no head.
         "LlamaModel": _DECODER,
         "MistralModel": _DECODER,

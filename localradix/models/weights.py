@@ -103,6 +103,9 @@ class WeightLoader:
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
             if layer.q_norm is not None:
                 names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+            if getattr(layer, "pre_ff_norm", None) is not None:  # Gemma's four norms a layer
+                names += [p + "pre_feedforward_layernorm.weight"]
+                names += [p + "post_feedforward_layernorm.weight"]
         return names
 
     def _target(self, name: str) -> torch.Tensor:
@@ -160,6 +163,8 @@ def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -
         "self_attn.q_norm.weight": layer.q_norm,
         "self_attn.k_norm.weight": layer.k_norm,
         "mlp.down_proj.weight": layer.down_weight,
+        "pre_feedforward_layernorm.weight": getattr(layer, "pre_ff_norm", None),
+        "post_feedforward_layernorm.weight": getattr(layer, "post_ff_norm", None),
     }
     if layer.moe is not None and rest.startswith("mlp."):
         return _expert_target(layer.moe, rest, name)

@@ -56,6 +56,8 @@ class AttentionBackend(ABC):
     takes_page_size = False
     # Whether the cache may hold another dtype than q/k/v (cast on write and read).
     kv_dtype_may_differ = False
+    # Whether __init__ takes `windows` (per-layer sliding windows, 0 = none) and applies them.
+    applies_windows = False
 
     @classmethod
     def from_model_config(
@@ -66,12 +68,24 @@ class AttentionBackend(ABC):
         device: torch.device | str,
         page_size: int = 1,
     ) -> AttentionBackend:
-        """Size the cache for a `ModelConfig` (anything with the fields used)."""
+        """Size the cache for a `ModelConfig` (anything with the fields used); pass on the
+        model's per-layer sliding windows, or refuse a model that has some when this backend
+        cannot apply them."""
         layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
+        make: Any = cls  # subclasses add keywords to __init__
+        kwargs: dict[str, Any] = {}
+        windows = tuple(config.layer_windows()) if hasattr(config, "layer_windows") else ()
+        if any(windows):
+            if not cls.applies_windows:
+                model = getattr(config, "architecture", "the model")
+                raise ValueError(
+                    f"{cls.__name__} cannot apply {model}'s sliding-window attention: use "
+                    "the torch_native or triton attention backend"
+                )
+            kwargs["windows"] = windows
         if not cls.takes_page_size:  # slot-granular: any page size works unchanged
-            return cls(layout, device)
-        make: Any = cls  # paged subclasses add this keyword to __init__
-        return make(layout, device, num_heads=config.num_attention_heads)
+            return make(layout, device, **kwargs)
+        return make(layout, device, num_heads=config.num_attention_heads, **kwargs)
 
     @staticmethod
     def kv_bytes_per_token(

@@ -5,6 +5,10 @@ batched groups over a padded [B, L] slot table, where requests that share a cach
 attend to it once ("cascade"); each extend (prefill) request on its own, with a causal mask
 shifted by its cached prefix. `plan_attention` decides all of that once per step; a backend
 only turns the arrays into its own (torch tensors on its device, MLX arrays). Numpy only.
+
+A sliding window (`window` > 0: a query at position p sees keys p - window < j <= p) trims
+each decode request's slot table to its last `window` slots and each extend request's keys to
+those its first query sees, with a banded mask. Every slot stays in the cache; only reads skip.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class ExtendPlan:
     # `slots` as a slice when they are one ascending run: a view, no gather. A verify step is
     # an extend of k + 1 tokens over a long prefix: gathering its K/V doubled its attention.
     run: slice | None = None
+    # The mask is banded by a sliding window (not only causal): kernels that assume a causal
+    # mask over the last E keys must use `causal` instead.
+    windowed: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,35 +71,51 @@ def plan_attention(
     batch: ForwardBatch,
     gather_tokens: int | None = None,
     min_shared_prefix: int = MIN_SHARED_PREFIX,
+    window: int = 0,
 ) -> AttentionPlan:
     """The plan of `batch`. `gather_tokens`: most K/V tokens one decode call may gather (a
-    bigger decode batch is split in groups of whole requests); None = one group."""
+    bigger decode batch is split in groups of whole requests); None = one group. `window`:
+    a sliding window (0 = none)."""
     is_decode = batch.extend_lens == 1
     reqs = np.flatnonzero(is_decode)
-    decodes = _plan_decodes(batch, reqs, gather_tokens, min_shared_prefix) if len(reqs) else ()
-    extends = tuple(plan_extend(batch, int(i)) for i in np.flatnonzero(~is_decode))
+    decodes = (
+        _plan_decodes(batch, reqs, gather_tokens, min_shared_prefix, window) if len(reqs) else ()
+    )
+    extends = tuple(plan_extend(batch, int(i), window) for i in np.flatnonzero(~is_decode))
     return AttentionPlan(decodes, extends)
 
 
 def _plan_decodes(
-    batch: ForwardBatch, reqs: np.ndarray, gather_tokens: int | None, minimum: int
+    batch: ForwardBatch, reqs: np.ndarray, gather_tokens: int | None, minimum: int, window: int
 ) -> tuple[DecodeGroup, ...]:
     width = int(batch.seq_lens[reqs].max())
+    if window:
+        width = min(width, window)
     size = len(reqs) if gather_tokens is None else max(1, gather_tokens // width)
     if size >= len(reqs):
         whole = len(reqs) == batch.num_reqs  # decode-only: q rows are the requests
-        return (plan_decode(batch, reqs, whole, minimum),)
+        return (plan_decode(batch, reqs, whole, minimum, window),)
     chunks = [reqs[i : i + size] for i in range(0, len(reqs), size)]
-    return tuple(plan_decode(batch, chunk, False, minimum) for chunk in chunks)
+    return tuple(plan_decode(batch, chunk, False, minimum, window) for chunk in chunks)
 
 
 def plan_decode(
-    batch: ForwardBatch, reqs: np.ndarray, all_rows: bool, minimum: int = MIN_SHARED_PREFIX
+    batch: ForwardBatch,
+    reqs: np.ndarray,
+    all_rows: bool,
+    minimum: int = MIN_SHARED_PREFIX,
+    window: int = 0,
 ) -> DecodeGroup:
-    """One decode group of requests `reqs` (rows of the batch)."""
+    """One decode group of requests `reqs` (rows of the batch); with a `window`, each sees
+    only its last `window` slots."""
     token_rows = batch.qo_indptr[reqs]
     lens = batch.seq_lens[reqs]
     starts = batch.kv_indptr[reqs]
+    if window:
+        cut = np.maximum(lens - window, 0)
+        # A slot holds one position of one sequence, so equal trimmed slots still mean a
+        # shared prefix (same positions): the grouping below stays exact.
+        starts, lens = starts + cut, lens - cut
     empty = np.zeros((0, 0), dtype=np.int64)
     if len(reqs) == 1:
         run = contiguous_run(batch.kv_indices[starts[0] : starts[0] + lens[0]])
@@ -108,12 +131,19 @@ def plan_decode(
     return DecodeGroup(token_rows, all_rows, None, slots, None if valid.all() else valid, shared)
 
 
-def plan_extend(batch: ForwardBatch, req: int) -> ExtendPlan:
+def plan_extend(batch: ForwardBatch, req: int, window: int = 0) -> ExtendPlan:
     start, end = int(batch.qo_indptr[req]), int(batch.qo_indptr[req + 1])
     prefix = int(batch.prefix_lens[req])
+    kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
+    if window and len(kv) > window:  # some query sees fewer keys than it would causally
+        first = max(0, prefix - window + 1)  # the first query's oldest visible key
+        keys = np.arange(first, len(kv))[None, :]  # positions of the kept keys
+        queries = prefix + np.arange(end - start)[:, None]
+        band = (keys <= queries) & (keys > queries - window)
+        kept = kv[first:]
+        return ExtendPlan(start, end, kept, band, contiguous_run(kept), windowed=True)
     if prefix == 0:
         return ExtendPlan(start, end, None, None)
-    kv = batch.kv_indices[batch.kv_indptr[req] : batch.kv_indptr[req + 1]]
     causal = np.arange(len(kv))[None, :] <= prefix + np.arange(end - start)[:, None]
     return ExtendPlan(start, end, kv, causal, contiguous_run(kv))
 

@@ -12,10 +12,16 @@ attend to it once per group ("cascade" attention, as FlashInfer's cascade kernel
 matmul of all their queries against the shared K/V, one over each request's own suffix, merged
 by their log-sum-exp. The shared K/V is read once instead of once per request, which is what
 decode at long shared contexts spends its time on.
+
+Layers with a sliding window (`windows`, per layer; 0 = none: a query at position p sees keys
+p - window < j <= p) run on their own plan of the step, whose slot tables keep only the keys
+inside the window (extends: a banded mask). The cache keeps every slot; only reads are cut.
+Layers without one run the plain plan and its fast paths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +68,7 @@ class _ExtendPlan:
     # [S] slots of prefix + new tokens (a slice when contiguous); None = no prefix (use k/v)
     slots: torch.Tensor | slice | None
     mask: torch.Tensor | None  # bool [E, S] causal mask offset by the prefix; None = is_causal
+    windowed: bool = False  # the mask is banded by a sliding window, not only causal
 
 
 class TorchNativeAttention(AttentionBackend):
@@ -69,24 +76,47 @@ class TorchNativeAttention(AttentionBackend):
     decode_gather_bytes = 64 * 2**20
     # The cache may be narrower than the model (bf16 K/V for an fp32 model): cast on write/read.
     kv_dtype_may_differ = True
+    applies_windows = True
 
-    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+    def __init__(
+        self, layout: KVLayout, device: torch.device | str, *, windows: Sequence[int] = ()
+    ) -> None:
         super().__init__(layout, device)
         shape = (layout.layers, *layout.slot_shape)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
+        if len(self.windows) != layout.layers or min(self.windows) < 0:
+            raise ValueError(f"need one window >= 0 per layer ({layout.layers}): {windows}")
         self._num_tokens = 0
         self._out_slots = torch.zeros(0, dtype=torch.long)
-        self._decodes: list[_DecodePlan] = []
-        self._extends: list[_ExtendPlan] = []
+        # window -> (decode groups, extends) of the step, for every window of a layer
+        self._plans: dict[int, tuple[list[_DecodePlan], list[_ExtendPlan]]] = {
+            w: ([], []) for w in self.windows
+        }
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._num_tokens = batch.num_tokens
         self._out_slots = self._tensor(batch.out_slots)
         gather = self.decode_gather_bytes // self.layout.layer_bytes_per_token
-        plan = plans.plan_attention(batch, gather, MIN_SHARED_PREFIX)
-        self._decodes = [self._decode_plan(group) for group in plan.decodes]
-        self._extends = [self._extend_plan(extend) for extend in plan.extends]
+        longest = int(batch.seq_lens.max()) if batch.num_reqs else 0
+        self._plans = {}
+        for window in sorted(set(self.windows)):
+            key = 0 if window >= longest else window  # a window that hides no key this step
+            if key not in self._plans:
+                plan = plans.plan_attention(batch, gather, MIN_SHARED_PREFIX, key)
+                decodes = [self._decode_plan(group) for group in plan.decodes]
+                self._plans[key] = (decodes, [self._extend_plan(e) for e in plan.extends])
+            self._plans[window] = self._plans[key]
+
+    @property
+    def _decodes(self) -> list[_DecodePlan]:
+        """The step's decode groups for layers without a window."""
+        return self._plans.get(0, ([], []))[0]
+
+    @property
+    def _extends(self) -> list[_ExtendPlan]:
+        return self._plans.get(0, ([], []))[1]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
@@ -94,16 +124,17 @@ class TorchNativeAttention(AttentionBackend):
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
         k_cache.index_copy_(0, self._out_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self._out_slots, v.to(v_cache.dtype))
+        decodes, extends = self._plans[self.windows[layer_id]]
         num_tokens, num_heads, head_dim = q.shape
-        if len(self._decodes) == 1 and self._decodes[0].token_index is None:
-            return self._attend_decode(self._decodes[0], q, k_cache, v_cache, scale)
-        if len(self._extends) == 1 and not self._decodes:
-            return self._attend_extend(self._extends[0], q, k, v, k_cache, v_cache, scale)
+        if len(decodes) == 1 and decodes[0].token_index is None:
+            return self._attend_decode(decodes[0], q, k_cache, v_cache, scale)
+        if len(extends) == 1 and not decodes:
+            return self._attend_extend(extends[0], q, k, v, k_cache, v_cache, scale)
         out = q.new_empty(num_tokens, num_heads * head_dim)
-        for group in self._decodes:
+        for group in decodes:
             rows = group.token_index
             out[rows] = self._attend_decode(group, q[rows], k_cache, v_cache, scale)
-        for plan in self._extends:
+        for plan in extends:
             out[plan.start : plan.end] = self._attend_extend(plan, q, k, v, k_cache, v_cache, scale)
         return out
 
@@ -148,7 +179,8 @@ class TorchNativeAttention(AttentionBackend):
         rows = slice(plan.start, plan.end)
         if plan.slots is not None and plan.end - plan.start <= SMALL_EXTEND:
             keys, values = k_cache[plan.slots], v_cache[plan.slots]
-            return _grouped(q[rows], keys, values, scale, causal=True)
+            band = plan.mask if plan.windowed else None
+            return _grouped(q[rows], keys, values, scale, causal=band is None, mask=band)
         if plan.slots is None:
             keys, values = k[rows], v[rows]  # no prefix: the new tokens are the whole sequence
         else:
@@ -191,7 +223,8 @@ class TorchNativeAttention(AttentionBackend):
         if plan.slots is None or plan.causal is None:
             return _ExtendPlan(plan.start, plan.end, None, None)
         slots = plan.run if plan.run is not None else self._tensor(plan.slots)
-        return _ExtendPlan(plan.start, plan.end, slots, self._tensor(plan.causal))
+        mask = self._tensor(plan.causal)
+        return _ExtendPlan(plan.start, plan.end, slots, mask, plan.windowed)
 
 
 Partial = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (max, sum, unnormalized out)
@@ -209,9 +242,11 @@ def _grouped(
     values: torch.Tensor,
     scale: float,
     causal: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one request's T queries q [T, Hq, D] over its keys/values [S, Hkv, D]
-    -> [T, Hq * D]; `causal`: the queries are the last T keys' tokens (a prefix before them).
+    -> [T, Hq * D]; `causal`: the queries are the last T keys' tokens (a prefix before them);
+    `mask`: bool [T, S], True = attend (a sliding window's band), instead.
 
     The G query heads of each KV head and all T queries go through one matmul per KV head.
     On CPUs, SDPA with `enable_gqa` repeats K/V per query head first; at 4.4k context this
@@ -229,6 +264,8 @@ def _grouped(
     if causal:  # only the last T keys need a mask: every query sees the whole prefix
         future = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu_(1)
         scores[:, :, -tokens:].masked_fill_(future.repeat(group, 1), float("-inf"))
+    if mask is not None:
+        scores.masked_fill_(~mask.repeat(group, 1), float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     out = torch.matmul(weights, values)  # [Hkv, G*T, D]
     return out.reshape(kv_heads, group, tokens, head_dim).permute(2, 0, 1, 3).reshape(tokens, -1)

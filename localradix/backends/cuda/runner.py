@@ -76,6 +76,11 @@ def create_device_runner(
     from localradix.backends.torch_device import load_torch_model
 
     model, config, dtype = load_torch_model(args, source, target)
+    if attention == "flashinfer" and any(config.layer_windows()):
+        # FlashInfer's paged kernels here take no per-layer windows: Triton's do
+        has_triton = importlib.util.find_spec("triton") is not None
+        attention = "triton" if has_triton else "torch_native"
+        logger.info("CUDA attention: %s (the model has sliding-window layers)", attention)
     graphs = os.environ.get(DISABLE_GRAPHS_ENV, "") not in ("1", "true")
     runner = DeviceRunner(model, config, args, target.device, dtype, attention, graphs=graphs)
     return runner, config

@@ -85,6 +85,8 @@ def _require_interpreter() -> None:
 
 
 class TritonAttention(AttentionBackend):
+    applies_windows = True  # (`from_model_config` passes a model's windows in)
+
     def __init__(
         self,
         layout: KVLayout,

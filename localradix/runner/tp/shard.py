@@ -59,6 +59,8 @@ class Shard:
                 f"--tp {n} does not split {c.architecture}'s mixture of experts: "
                 "serve it with --tp 1"
             )
+        if c.offset_norms and n > 1:  # Gemma 3's block: sharding not wired or tested yet
+            raise ValueError(f"--tp {n} does not split {c.architecture} yet: serve it with --tp 1")
         problems = []
         if c.num_attention_heads % n:
             problems.append(f"{c.num_attention_heads} attention heads")
