@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
 
 from localradix import Engine, SamplingParams
 from localradix.models import ModelConfig
 from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
-from tests.engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
 
 transformers = pytest.importorskip("transformers")
 

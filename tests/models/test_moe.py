@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from localradix import Engine, SamplingParams
-from localradix.models import ModelConfig
-from tests.engine.conftest import (
+from engine.conftest import (
     VOCAB,
     _word_level_tokenizer,
     hf_greedy,
     random_prompts,
     requires_mlx,
 )
+
+from localradix import Engine, SamplingParams
+from localradix.models import ModelConfig
 
 transformers = pytest.importorskip("transformers")
 
