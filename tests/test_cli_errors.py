@@ -66,7 +66,7 @@ def test_an_unsupported_architecture_is_one_line_and_exit_1(tmp_path):
     assert "Traceback" not in out and 'File "' not in out, out
     last = out.strip().splitlines()[-1]
     assert last.startswith("localradix: error:"), out
-    assert "does not implement 'Gemma2ForCausalLM' (it runs LlamaForCausalLM" in last
+    assert "does not implement 'Gemma2ForCausalLM' (it runs " in last and "LlamaForCausalLM" in last
     assert "--backend llamacpp" in last
     assert len(out.strip().splitlines()) <= 10, out
 
