@@ -103,6 +103,24 @@ class ServerArgs:
         "(logged at start; about 4k tokens for a 135M model, 64k for an 8B one)",
         default=None,
     )
+    kv_disk_cache: str | None = _opt(
+        "folder of the prefix cache's disk tier: KV the pool evicts, and everything cached at "
+        "a graceful stop, is kept there across restarts and model unloads, per model (torch "
+        "backends). Default: $LOCALRADIX_KV_DISK_CACHE, else ~/.cache/localradix/kv; 'off' "
+        "turns it off. `localradix cache` shows and clears it",
+        default=None,
+    )
+    kv_disk_gib: float | None = _opt(
+        "most GiB the disk tier keeps, every model's together (the least recently used go "
+        "first). Default: $LOCALRADIX_KV_DISK_GIB, else a tenth of the disk's free space, at "
+        "most 16",
+        default=None,
+    )
+    kv_host_gib: float = _opt(
+        "GiB of host memory holding KV the device's pool evicts, before it goes to disk (for "
+        "GPU backends, where host RAM is the larger; 0 = none)",
+        default=0.0,
+    )
     chunked_prefill_size: int = _opt(
         "longest prefill chunk in tokens (0 = never chunk)", default=2048
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from localradix.sampling_params import SamplingParams
 
@@ -122,6 +123,8 @@ class EngineStats:
     snapshot_bytes: int = 0
     snapshot_hits: int = 0
     snapshot_miss_tokens: int = 0  # cached prompt tokens past a request's last snapshot
+    # The tiers below the tree (host memory, disk): `KVTiers.stats()`; empty when off.
+    kv_tiers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

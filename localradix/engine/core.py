@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from localradix.config import ServerArgs
+from localradix.engine.cache_tiers import open_tiers
 from localradix.messages import ModelInfo
 from localradix.sched.scheduler import Scheduler
 
@@ -30,6 +31,7 @@ class EngineCore:
         config, target, args = built.config, built.target, built.resolved.args
         self.runner = _with_overlap(built.runner, built.resolved.overlap, args, target.backend)
         context_len = args.context_length or config.max_position_embeddings
+        tiers = open_tiers(args, source, target, self.runner, config)
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
         self.scheduler = Scheduler(
             self.runner,
@@ -39,6 +41,7 @@ class EngineCore:
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             vocab_size=config.vocab_size,
             grammar=_grammar_service(self.tokenizer, config.vocab_size, args),
+            tiers=tiers,
         )
         # The loop's request interface is the scheduler's own (engine/loop.py's Core).
         self.add_request = self.scheduler.add_request
@@ -63,6 +66,10 @@ class EngineCore:
             embed_normalize=head.normalize if head is not None else True,
         )
         logger.info("Engine ready in %.1f s: %s", time.monotonic() - started, self.info)
+
+    def persist(self) -> None:
+        """A graceful stop: the cached prefixes go to the disk tier (when there is one)."""
+        self.scheduler.close()
 
     def close(self) -> None:
         """Stop what the runner started (tensor-parallel workers); the loop calls it last."""

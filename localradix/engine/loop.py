@@ -150,6 +150,9 @@ def run_engine(build: Callable[[], Core], transport: Transport) -> bool:
     transport.send(Ready(core.info))
     try:
         EngineLoop(core, transport).run()
+        persist = getattr(core, "persist", None)  # after a crash the cache may be half-done
+        if persist is not None:
+            persist()
     except Exception:  # a bug or a device error: tell the peer, never leave it waiting
         crash = traceback.format_exc()
         logger.critical("the engine loop crashed:\n%s", crash)

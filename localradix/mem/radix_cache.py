@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,8 @@ class RadixCache:
         self.snapshots = snapshots
         # Pinned node -> deadline, on the caller's clock (the scheduler's monotonic one).
         self.pins: dict[TreeNode, float] = {}
+        # Told of every leaf just before eviction frees it: the tiers below keep its KV.
+        self.on_evict: Callable[[TreeNode], None] | None = None
         pool.set_evictor(self.evict, lambda: self.tree.evictable)
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -203,6 +205,8 @@ class RadixCache:
         while freed < n_tokens and heap:
             leaf = heapq.heappop(heap)[2]
             freed += len(leaf.key)
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             parent = self.tree.remove_leaf(leaf)
             if self.snapshots is not None:
                 self.snapshots.forget(leaf)
@@ -325,6 +329,20 @@ class RadixCache:
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every node except the root, parents before children."""
         return self.tree.iter_nodes()
+
+    def leaf_paths(self) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
+        """(tokens, slots, extra_key) of every root-to-leaf path: all that is cached."""
+        paths = []
+        for node in self.iter_nodes():
+            if node.children:
+                continue
+            keys, values, up = [], [], node
+            while up is not self.root:
+                keys.append(up.key)
+                values.append(up.value)
+                up = up.parent  # type: ignore[assignment]  # non-root nodes have a parent
+            paths.append((np.concatenate(keys[::-1]), np.concatenate(values[::-1]), node.extra_key))
+        return paths
 
     def top_prefixes(self, k: int, head_tokens: int = 8) -> list[dict[str, Any]]:
         """The `k` cached prefixes that saved the most prefill (hits x length), for the TUI.

@@ -17,6 +17,7 @@ from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
     from localradix.mem.kv_pool import KVPool
+    from localradix.mem.kv_tiers import KVTransfer
     from localradix.runner.kv_budget import KVBudget
 
 
@@ -97,6 +98,9 @@ class ModelRunner(ABC):
     # Set for models with recurrent layers: a request resumes only where a snapshot of the
     # state was taken, so the scheduler takes them at branch points and when requests leave.
     snapshots: StateSnapshots | None = None
+    # Copies KV slots to host memory and back, for the cache tiers below the radix tree (host
+    # memory, disk); None where the runner cannot (the tiers are then off).
+    kv_transfer: KVTransfer | None = None
 
     @property
     def kv_bytes(self) -> int | None:

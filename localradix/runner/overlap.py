@@ -128,6 +128,7 @@ class OverlapRunner(ModelRunner):
     ) -> None:
         self.runner = runner
         self.kv_capacity = runner.kv_capacity
+        self.kv_transfer = getattr(runner, "kv_transfer", None)  # same device, same stream
         # A verify step takes a ring entry per row; engine/core.py sizes the ring for k + 1 rows
         # per request when speculating, so verifying is the inner runner's to say (one that
         # does not say gives a row per request).

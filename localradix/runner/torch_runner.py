@@ -16,6 +16,7 @@ from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.kv_budget import plan_kv_budget
 from localradix.runner.kv_layout import KVLayout
+from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.pooling import pool_hidden
 from localradix.runner.sampler import sample
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
@@ -49,6 +50,14 @@ def resident_bytes(model: Any) -> int | None:
         return None
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.nbytes for t in tensors)
+
+
+def _kv_transfer(attn: AttentionBackend) -> TorchKVTransfer | None:
+    """Host copies of the backend's KV slots, when it keeps them in `k_cache`/`v_cache`."""
+    k, v = getattr(attn, "k_cache", None), getattr(attn, "v_cache", None)
+    if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        return TorchKVTransfer(k, v)
+    return None
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -85,6 +94,7 @@ class TorchRunner(ModelRunner):
         self.attn: AttentionBackend = backend_cls.from_model_config(
             config, self.kv_capacity, kv_dtype, device, page_size=self.page_size
         )
+        self.kv_transfer = _kv_transfer(self.attn)
         logger.info(self.kv_budget.describe())
         logger.info(
             "KV cache on %s: page size %d, %s attention", device, self.page_size, attention_backend

@@ -110,7 +110,7 @@ class PrefillAdmission:
 
     def _try_admit(self, req: Req, budget: PrefillBudget) -> Verdict:
         """Admit `req` into the batch if it fits: 'ok', 'skip' (try the next one) or 'stop'."""
-        self.slots.match(req)  # fresh: an earlier admission this step may have evicted nodes
+        self.slots.match(req, promote=True)  # fresh: an earlier admission may have evicted nodes
         key = req.all_ids
         match = req.prefix_match
         if not self._has_required_prefix(req, match.matched_len):

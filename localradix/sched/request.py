@@ -47,6 +47,7 @@ class Req:
     # (past the snapshot it resumes from); its prefill stops there first to take a snapshot.
     branch_at: int = 0
     snapshot_stride: int = 0  # ...and when it found nothing cached, it snapshots every this many
+    tier_miss_at: int = -1  # the cached length at which the tiers below the tree had nothing
     grammar_future: Any = None  # Future of the compiled constraint, while it compiles
     grammar: Any = None  # GrammarState once compiled
     # Overlap scheduling: tokens sampled by launched steps that the host has not read yet, the

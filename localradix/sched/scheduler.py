@@ -24,6 +24,7 @@ The rooms this loop drives, one file each:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from localradix.config import ServerArgs
 from localradix.constrained.backend import GrammarBackend
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
+from localradix.mem.kv_tiers import KVTiers
 from localradix.mem.radix_cache import RadixCache
 from localradix.mem.snapshot_store import SnapshotStore
 from localradix.messages import EngineStats, GenerateRequest, RequestOutput
@@ -65,6 +67,7 @@ class Scheduler:
         vocab_size: int,
         grammar: GrammarBackend | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tiers: KVTiers | None = None,
     ) -> None:
         self.runner = runner
         self.clock = clock  # pin deadlines and when one-off prefixes turn cold
@@ -91,6 +94,7 @@ class Scheduler:
         )
         self.queues = RequestQueues()
         self.slots = SlotHandoff(self.pool, self.req_pool, self.cache, clock, runner.snapshots)
+        self.tiers = self._tiers(tiers)
         self.stop_checker = StopChecker(eos_token_ids, context_len, decode)
         self.counters = SchedulerStats(self.queues, self.slots, decode, args.decode_log_interval)
         self.intake = Intake(
@@ -103,6 +107,7 @@ class Scheduler:
             embeds=runner.embeds,
         )
         self.pace = PrefillPace(args.step_budget_ms / 1000, args.chunked_prefill_size, page)
+        self.slots.prefill_cost = lambda: self.pace.seconds_per_token
         self.counters.pace = self.pace
         self.admission = PrefillAdmission(args, self.queues, self.slots, self.counters, self.pace)
         self._prefilled_last = False  # the last step was a prefill step
@@ -126,6 +131,27 @@ class Scheduler:
     def _snapshot_store(runner: ModelRunner) -> SnapshotStore | None:
         states = runner.snapshots
         return None if states is None else SnapshotStore(states.budget, states.release)
+
+    def _tiers(self, tiers: KVTiers | None) -> KVTiers | None:
+        """Hang the tiers below the tree: evicted leaves go down, admissions load back up."""
+        if tiers is None:
+            return None
+        if self.cache.disable or self.cache.snapshots is not None:
+            why = "the radix cache is off" if self.cache.disable else "recurrent state"
+            logger.info("KV cache tiers off: %s", why)
+            tiers.close([])
+            return None
+        self.cache.on_evict = tiers.demote_leaf
+        self.slots.tiers = tiers
+        return tiers
+
+    def close(self) -> None:
+        """A graceful stop: what the tree caches goes down to disk (the tiers persist it)."""
+        if self.tiers is not None:
+            started = time.monotonic()
+            self.tiers.close(self.cache.leaf_paths())
+            logger.info("KV cache written to disk in %.1f s", time.monotonic() - started)
+            self.tiers = self.slots.tiers = self.cache.on_evict = None
 
     @staticmethod
     def _speculates(args: ServerArgs, runner: ModelRunner) -> bool:
@@ -233,4 +259,7 @@ class Scheduler:
         return self.counters.kv_usage()
 
     def stats(self) -> EngineStats:
-        return self.counters.snapshot()
+        stats = self.counters.snapshot()
+        if self.tiers is None:
+            return stats
+        return dataclasses.replace(stats, kv_tiers=self.tiers.stats())

@@ -37,6 +37,7 @@ MIN_SNAPSHOT_STRIDE = 32  # ...at least this many tokens apart (each costs a pre
 DECODE_SNAPSHOT_STRIDE = 16  # generated tokens between weak snapshots (see `cache_decoded`)
 
 if TYPE_CHECKING:
+    from localradix.mem.kv_tiers import KVTiers
     from localradix.runner.base import StateSnapshots
 
 
@@ -47,6 +48,10 @@ class SlotHandoff:
     cache: RadixCache
     clock: Callable[[], float] = time.monotonic  # when one-off prefixes turn cold
     states: StateSnapshots | None = None  # the runner's, for models with recurrent layers
+    tiers: KVTiers | None = None  # host-memory and disk tiers below the tree
+    # The measured prefill cost (seconds per token; None before any), against which loading
+    # KV back from a tier is weighed.
+    prefill_cost: Callable[[], float | None] = lambda: None
 
     def __post_init__(self) -> None:
         if self.states is not None and self.page != 1:
@@ -64,14 +69,16 @@ class SlotHandoff:
         """A chunk that stops short of the prompt's end must end on a page boundary."""
         return extend if extend >= todo else extend // self.page * self.page
 
-    def match(self, req: Req) -> None:
+    def match(self, req: Req, promote: bool = False) -> None:
         """Refresh `req.prefix_match`: the cached prefix of its tokens (takes no lock). A
-        mean-pooled embedding matches none: it needs every token's hidden state."""
+        mean-pooled embedding matches none: it needs every token's hidden state. With
+        `promote` (at admission), KV the tiers below the tree hold past it is loaded first."""
         if req.embed is not None and req.embed.pooling == "mean":
             req.prefix_match = MatchResult(EMPTY, self.cache.root, 0, None)
             return
         if self.states is None:
-            req.prefix_match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+            match = self.cache.match_prefix(req.all_ids, extra_key=req.extra_key)
+            req.prefix_match = self._promote(req, match) if promote and self.tiers else match
             return
         # The last token is always computed (its logits), so no snapshot is needed past it.
         match = self.cache.match_prefix(req.all_ids[:-1], extra_key=req.extra_key)
@@ -79,6 +86,37 @@ class SlotHandoff:
         req.prefix_match = self.cache.resume_point(match)
         cold = req.prefix_match.matched_len == 0 and not self.cache.disable
         req.snapshot_stride = max(MIN_SNAPSHOT_STRIDE, -(-req.seq_len // COLD_SNAPSHOTS)) * cold
+
+    def _promote(self, req: Req, match: MatchResult) -> MatchResult:
+        """`match`, extended by KV the tiers below the tree hold past it (loaded into fresh
+        slots and inserted into the tree: a tier hit is then an ordinary cache hit)."""
+        tiers, key, start = self.tiers, req.all_ids, match.matched_len
+        assert tiers is not None
+        if (start // tiers.chunk + 1) * tiers.chunk > len(key) or req.tier_miss_at == start:
+            return match  # no whole chunk past the match, or looked there already
+        started = time.perf_counter()
+        fetched = tiers.fetch(key, req.extra_key, start, self.prefill_cost())
+        slots = (
+            None if fetched is None else self._alloc_beside(match.last_node, fetched.end - start)
+        )
+        if fetched is None or slots is None:
+            req.tier_miss_at = start
+            return match
+        tiers.kv.write(slots, fetched.data)
+        path = np.concatenate([match.indices, slots])
+        already = self.cache.insert(key[: fetched.end], path, extra_key=req.extra_key)
+        if already > start:  # cannot happen on one thread; never leak slots if it does
+            self.pool.free(slots[: already - start])
+        tiers.loaded(fetched, time.perf_counter() - started)
+        return self.cache.match_prefix(key, extra_key=req.extra_key, count_hit=False)
+
+    def _alloc_beside(self, node: TreeNode, n: int) -> np.ndarray | None:
+        """`n` free slots, evicting anything but the path to `node`."""
+        self.cache.lock(node)
+        try:
+            return self.pool.alloc(n)
+        finally:
+            self.cache.unlock(node)
 
     def note_unresumed(self, req: Req, cached: int) -> None:
         """Count the cached tokens past `req`'s resume point (at its first admission)."""

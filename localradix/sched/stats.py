@@ -10,6 +10,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from localradix.mem.radix_cache import MatchResult
 from localradix.mem.snapshot_store import SnapshotStore
@@ -193,7 +194,7 @@ def _req_row(req: Req, now: float) -> dict:
     }
 
 
-def _snapshot_stats(store: SnapshotStore | None) -> dict[str, int]:
+def _snapshot_stats(store: SnapshotStore | None) -> dict[str, Any]:
     if store is None:
         return {}
     return {

@@ -130,8 +130,9 @@ class EngineClient:
                     f"the engine process exited during loading (exit code {self.process.exitcode})"
                 )
 
-    async def close(self, timeout: float = 10.0) -> None:
-        """Abort what is left, stop the engine process and release the sockets."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Abort what is left, stop the engine process (which writes its prefix cache to the
+        disk tier first) and release the sockets."""
         self._closing = True
         for task in self._tasks:
             task.cancel()

@@ -56,6 +56,7 @@ def use_device(device: str, size: int) -> int:
 class TensorParallelRunner(TorchRunner):
     def __init__(self, *args: Any, ranks: WorkerRanks, comm: tpdist.DistComm, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        self.kv_transfer = None  # rank 0 holds only its heads' KV: the cache tiers stay off
         self.ranks, self.comm = ranks, comm
         self.rank_weight_bytes: tuple[int, ...] = ()  # every rank's, rank 0 first
         self.store: Any = None  # rank 0 hosts the ranks' TCP store: kept while they run

@@ -1,0 +1,360 @@
+"""DiskTier: KV chunks in files, kept across restarts and model unloads, within a byte budget.
+
+Layout: `<root>/<fingerprint>/model.json` says which model a folder is for (the fingerprint
+covers the weights file, backend, KV dtype and layout: a different model, quantization or
+backend never reads another's KV), and `<root>/<fingerprint>/<xx>/<digest>.kv` is one chunk.
+A file is a magic line, a JSON header, the tokens, the KV bytes and a checksum of all of it;
+it is written under a temporary name and renamed into place, so a crash mid-write leaves no
+file a reader loads, and a torn or flipped file fails its checksum: it is skipped with one
+warning and deleted. Files and folders are the user's alone (prompts are private data).
+
+Writes happen on a background thread, so demoting KV costs the engine loop a copy, not disk
+time; a chunk still queued is served from the queue. The budget is the whole root's (every
+model's): past it, the files used least recently (mtime, refreshed on every hit) go first.
+Two servers may share a root: names are content digests, renames are atomic, and a file that
+vanishes under a reader is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localradix.mem.kv_chunks import DIGEST_BYTES, KVChunk
+
+logger = logging.getLogger("localradix.kv_disk")
+
+MAGIC = b"LRKV\x01\n"
+CHECKSUM_BYTES = 16
+SUFFIX = ".kv"
+MODEL_FILE = "model.json"
+STALE_TMP_S = 600  # a temporary file this old was left by a writer that died
+TRIM_TO = 0.9  # past the budget, delete down to this share of it (fewer rescans)
+QUEUE_BYTES = 256 * 2**20  # demoted KV waiting for the writer; beyond it a demotion is dropped
+
+
+@dataclass
+class DiskStats:
+    files_written: int = 0
+    bytes_written: int = 0
+    files_read: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    corrupt: int = 0  # files skipped: torn, flipped, or not what their name says
+    dropped: int = 0  # demotions not written: the writer was too far behind
+    deleted: int = 0  # files removed to keep the budget
+
+
+class DiskTier:
+    def __init__(
+        self,
+        root: Path,
+        fingerprint: str,
+        budget_bytes: int,
+        model: dict[str, Any],
+        queue_bytes: int = QUEUE_BYTES,
+    ) -> None:
+        self.root = Path(root)
+        self.fingerprint = fingerprint
+        self.folder = self.root / fingerprint
+        self.budget = budget_bytes
+        self.queue_bytes = queue_bytes
+        self.stats = DiskStats()
+        _private_dir(self.root)
+        _private_dir(self.folder)
+        _write_atomic(self.folder / MODEL_FILE, json.dumps(model, indent=1).encode())
+        self._lock = threading.Lock()
+        self._pending: dict[bytes, KVChunk] = {}
+        self._pending_bytes = 0
+        self._queue: queue.Queue[KVChunk | None] = queue.Queue()
+        self._total = self._trim()  # bytes under the root, as last counted plus written since
+        self._thread = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
+        self._thread.start()
+
+    # ---- what the tiers call ------------------------------------------------------------------
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes under the root (every model's), as last counted plus those written since."""
+        return self._total
+
+    def has(self, digest: bytes) -> bool:
+        with self._lock:
+            if digest in self._pending:
+                return True
+        return self._path(digest).is_file()
+
+    def get(self, digest: bytes) -> KVChunk | None:
+        """The chunk named `digest`, verified; None when absent or damaged (then deleted)."""
+        with self._lock:
+            chunk = self._pending.get(digest)
+        if chunk is not None:
+            return chunk
+        path = self._path(digest)
+        started = time.perf_counter()
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return None
+        chunk = self._decode(raw, digest, path)
+        if chunk is None:
+            return None
+        self.stats.files_read += 1
+        self.stats.bytes_read += len(raw)
+        self.stats.read_seconds += time.perf_counter() - started
+        _touch(path)  # least recently used goes first
+        return chunk
+
+    def put(self, chunk: KVChunk, wait: bool = False) -> bool:
+        """Queue `chunk` for writing; False (dropped) when the writer is too far behind,
+        unless `wait` (a shutdown's drain): then wait for it to catch up."""
+        if wait and self._pending_bytes + chunk.nbytes > self.queue_bytes:
+            self.flush()
+        with self._lock:
+            if chunk.digest in self._pending:
+                return True
+            if self._pending_bytes + chunk.nbytes > self.queue_bytes:
+                self.stats.dropped += 1
+                return False
+            self._pending[chunk.digest] = chunk
+            self._pending_bytes += chunk.nbytes
+        self._queue.put(chunk)
+        return True
+
+    def touch(self, digest: bytes) -> None:
+        """Mark a chunk already on disk as just used."""
+        _touch(self._path(digest))
+
+    def flush(self) -> None:
+        """Wait until every queued chunk is on disk."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued and stop the writer (a graceful shutdown)."""
+        self.flush()
+        self._queue.put(None)
+        self._thread.join()
+
+    # ---- the writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            chunk = self._queue.get()
+            try:
+                if chunk is None:
+                    return
+                self._write(chunk)
+            except OSError as exc:  # a full or read-only disk: the cache is an optimisation
+                logger.warning("KV disk cache: could not write a chunk (%s)", exc)
+            finally:
+                if chunk is not None:
+                    with self._lock:
+                        self._pending.pop(chunk.digest, None)
+                        self._pending_bytes -= chunk.nbytes
+                self._queue.task_done()
+
+    def _write(self, chunk: KVChunk) -> None:
+        path = self._path(chunk.digest)
+        if path.is_file():
+            _touch(path)
+            return
+        _private_dir(path.parent)
+        data = self._encode(chunk)
+        _write_atomic(path, data)
+        self.stats.files_written += 1
+        self.stats.bytes_written += len(data)
+        self._total += len(data)
+        if self._total > self.budget:
+            self._total = self._trim()
+
+    def _trim(self) -> int:
+        """Delete the least recently used files until the root is within budget (and stale
+        temporary files); return the bytes left."""
+        files, total = [], 0
+        for path, stat in _walk(self.root):
+            if path.name.endswith(".tmp"):
+                if time.time() - stat.st_mtime > STALE_TMP_S:
+                    _unlink(path)
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+            total += stat.st_size
+        if total <= self.budget:
+            return total
+        files.sort()
+        target = int(self.budget * TRIM_TO)
+        for _, size, path in files:
+            if total <= target:
+                break
+            if _unlink(path):
+                total -= size
+                self.stats.deleted += 1
+        return total
+
+    # ---- the file format ----------------------------------------------------------------------
+
+    def _path(self, digest: bytes) -> Path:
+        name = digest.hex()
+        return self.folder / name[:2] / (name + SUFFIX)
+
+    def _encode(self, chunk: KVChunk) -> bytes:
+        header = json.dumps(
+            {
+                "fingerprint": self.fingerprint,
+                "parent": chunk.parent.hex(),
+                "tokens": len(chunk.tokens),
+                "bytes_per_token": int(chunk.data.shape[1]),
+            }
+        ).encode()
+        body = b"".join(
+            (
+                MAGIC,
+                len(header).to_bytes(4, "little"),
+                header,
+                np.ascontiguousarray(chunk.tokens, dtype="<i8").tobytes(),
+                np.ascontiguousarray(chunk.data, dtype=np.uint8).tobytes(),
+            )
+        )
+        return body + hashlib.blake2b(body, digest_size=CHECKSUM_BYTES).digest()
+
+    def _decode(self, raw: bytes, digest: bytes, path: Path) -> KVChunk | None:
+        try:
+            chunk = self._parse(raw, digest)
+        except (ValueError, KeyError, TypeError) as exc:
+            chunk, why = None, str(exc)
+        else:
+            why = "its tokens are not what its name says"
+        if chunk is not None and chunk.verifies():
+            return chunk
+        self.stats.corrupt += 1
+        logger.warning("KV disk cache: skipping and deleting %s (%s)", path, why)
+        _unlink(path)
+        return None
+
+    def _parse(self, raw: bytes, digest: bytes) -> KVChunk:
+        body, checksum = raw[:-CHECKSUM_BYTES], raw[-CHECKSUM_BYTES:]
+        if len(raw) < len(MAGIC) + 4 + CHECKSUM_BYTES or not raw.startswith(MAGIC):
+            raise ValueError("not a KV chunk file")
+        if hashlib.blake2b(body, digest_size=CHECKSUM_BYTES).digest() != checksum:
+            raise ValueError("checksum mismatch: a torn or damaged file")
+        start = len(MAGIC) + 4
+        end = start + int.from_bytes(body[len(MAGIC) : start], "little")
+        header = json.loads(body[start:end])
+        if header["fingerprint"] != self.fingerprint:
+            raise ValueError("written for another model")
+        n, width = int(header["tokens"]), int(header["bytes_per_token"])
+        if len(body) != end + 8 * n + n * width:
+            raise ValueError("its size does not match its header")
+        tokens = np.frombuffer(body, dtype="<i8", count=n, offset=end).astype(np.int64)
+        data = np.frombuffer(body, dtype=np.uint8, count=n * width, offset=end + 8 * n)
+        parent = bytes.fromhex(header["parent"])
+        if len(parent) != DIGEST_BYTES:
+            raise ValueError("bad parent digest")
+        return KVChunk(digest, parent, tokens, data.reshape(n, width))
+
+
+# ---- what `localradix cache` shows and clears ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    fingerprint: str
+    model: dict[str, Any]  # the model.json its server wrote
+    files: int
+    bytes: int
+    newest: float  # mtime of the most recently used chunk (0: none)
+    oldest: float
+
+
+def stored_models(root: Path) -> list[StoredModel]:
+    """Every model folder under `root`, most recently used first."""
+    out = []
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            model = json.loads((folder / MODEL_FILE).read_text())
+        except (OSError, ValueError):
+            model = {}
+        stats = [s for p, s in _walk(folder) if p.name.endswith(SUFFIX)]
+        times = [s.st_mtime for s in stats]
+        out.append(
+            StoredModel(
+                folder.name,
+                model,
+                len(stats),
+                sum(s.st_size for s in stats),
+                max(times, default=0.0),
+                min(times, default=0.0),
+            )
+        )
+    return sorted(out, key=lambda m: -m.newest)
+
+
+def clear_stored(root: Path, fingerprint: str | None = None) -> int:
+    """Delete every chunk under `root` (or one model's folder); return the bytes freed."""
+    root = Path(root)
+    top = root / fingerprint if fingerprint else root
+    freed = 0
+    for path, stat in list(_walk(top)):
+        if (path.name.endswith(SUFFIX) or path.name.endswith(".tmp")) and _unlink(path):
+            freed += stat.st_size
+    return freed
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+
+def _walk(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    for dirpath, _, names in os.walk(top):
+        for name in names:
+            if not (name.endswith(SUFFIX) or name.endswith(".tmp")):
+                continue
+            path = Path(dirpath) / name
+            try:
+                yield path, path.stat()
+            except OSError:
+                continue  # deleted meanwhile (another server's trim)
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,232 @@
+"""KVTiers: the cache tiers under the radix tree (host memory, then disk), in chunks.
+
+The tree holds device KV. When it evicts a leaf, `demote_leaf` copies the KV of the chunks
+that end inside that leaf (the ancestors' slots are still live, so a chunk may straddle them)
+down a tier instead of letting it go; the ancestors' own chunks follow when they are evicted in
+turn. When a request's cached prefix ends short of its prompt, `fetch` walks the prompt's
+chunks past that point through the tiers and returns their KV if loading it back is cheaper
+than prefilling it: decided from the measured load speed and the scheduler's measured prefill
+speed, not a constant (before anything is measured, loading is tried). The caller writes the
+KV into fresh slots and inserts them into the tree, so a tier hit is an ordinary cache hit.
+
+Everything here is host-side numpy; the runner's `KVTransfer` moves KV between its device
+buffers and the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from localradix.mem.disk_tier import DiskTier
+from localradix.mem.host_tier import HostTier
+from localradix.mem.kv_chunks import KVChunk, chain, root_digest
+from localradix.mem.radix_node import TreeNode
+
+logger = logging.getLogger("localradix.kv_tiers")
+
+SMOOTHING = 0.5  # weight of the newest load-speed measurement
+
+
+class KVTransfer(Protocol):
+    """A runner's copy of KV between its device buffers and host memory, token-major."""
+
+    bytes_per_token: int
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        """uint8 [len(slots), bytes_per_token]: every layer's K and V of those slots."""
+        ...
+
+    def write(self, slots: np.ndarray, data: np.ndarray) -> None:
+        """Put what `read` returned back, at (other) slots."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """KV for `key[start:end]`, to load into fresh slots."""
+
+    start: int
+    end: int
+    data: np.ndarray  # uint8 [end - start, bytes_per_token]
+    from_disk: int  # of those tokens, how many came from disk (the rest: host memory)
+
+
+@dataclass
+class TierCounters:
+    demoted_tokens: int = 0  # copied down a tier when the tree evicted them
+    promoted_tokens: int = 0  # loaded back into the tree for a request
+    disk_hit_tokens: int = 0  # of those, from disk
+    promotions: int = 0  # requests that loaded KV from a tier
+    skipped_tokens: int = 0  # found in a tier, but prefilling them was measured cheaper
+    load_seconds: float = 0.0  # reading and writing back promoted KV
+
+
+class KVTiers:
+    def __init__(
+        self,
+        kv: KVTransfer,
+        chunk: int,
+        host: HostTier | None = None,
+        disk: DiskTier | None = None,
+    ) -> None:
+        if host is None and disk is None:
+            raise ValueError("KVTiers needs a host or a disk tier")
+        self.kv, self.chunk, self.host, self.disk = kv, chunk, host, disk
+        if host is not None and disk is not None:
+            host.spill = disk.put
+        self.counters = TierCounters()
+        self.load_bytes_per_s: float | None = None
+        self.draining = False  # closing: a full write queue waits instead of dropping
+
+    # ---- down ----------------------------------------------------------------------------------
+
+    def demote_leaf(self, leaf: TreeNode) -> None:
+        """Keep below the tree the chunks that end inside `leaf` (called before it is freed)."""
+        keys, slots = [], []
+        node: TreeNode | None = leaf
+        while node is not None and node.parent is not None:
+            keys.append(node.key)
+            slots.append(node.value)
+            node = node.parent
+        key, values = np.concatenate(keys[::-1]), np.concatenate(slots[::-1])
+        self.demote(key, values, leaf.extra_key, start=len(key) - len(leaf.key))
+
+    def demote(
+        self, key: np.ndarray, slots: np.ndarray, extra_key: str | None, start: int = 0
+    ) -> int:
+        """Keep the chunks of path `key` (KV at `slots`) whose end lies past `start`, unless a
+        tier has them already; return the tokens copied."""
+        c = self.chunk
+        digests = chain(key, extra_key, c)
+        first = start // c
+        todo = [i for i in range(first, len(digests)) if not self._touch(digests[i])]
+        if not todo:
+            return 0
+        rows = np.concatenate([slots[i * c : (i + 1) * c] for i in todo])
+        data = self.kv.read(rows)
+        for n, i in enumerate(todo):
+            parent = digests[i - 1] if i else root_digest(extra_key)
+            tokens = np.array(key[i * c : (i + 1) * c], dtype=np.int64)
+            self._keep(KVChunk(digests[i], parent, tokens, data[n * c : (n + 1) * c]))
+        self.counters.demoted_tokens += len(rows)
+        return len(rows)
+
+    def close(self, paths: list[tuple[np.ndarray, np.ndarray, str | None]]) -> None:
+        """A graceful shutdown: everything cached (`paths`: root-to-leaf keys and slots) and
+        everything in host memory goes to disk, and the writer finishes."""
+        if self.disk is None:
+            return
+        self.host, host = None, self.host  # straight to disk from now on
+        self.draining = True
+        for key, slots, extra_key in paths:
+            self.demote(key, slots, extra_key)
+        if host is not None:
+            for chunk in host.drain():
+                self.disk.put(chunk, wait=True)
+        self.disk.close()
+
+    # ---- up ------------------------------------------------------------------------------------
+
+    def fetch(
+        self, key: np.ndarray, extra_key: str | None, start: int, prefill_s_per_token: float | None
+    ) -> Fetched | None:
+        """KV for `key[start:end]` from the tiers, for the longest run of whole chunks they
+        hold past `start`; None when they hold none or prefilling is measured cheaper."""
+        c = self.chunk
+        digests = chain(key, extra_key, c)
+        first = start // c
+        held = first
+        while held < len(digests) and self._has(digests[held]):
+            held += 1
+        if held == first:
+            return None
+        end = held * c
+        if not self._worth_loading(end - start, prefill_s_per_token):
+            self.counters.skipped_tokens += end - start
+            return None
+        started = time.perf_counter()
+        parts, from_disk = [], 0
+        for i in range(first, held):
+            chunk, on_disk = self._get(digests[i])
+            if chunk is None:  # damaged, or deleted by another server meanwhile
+                break
+            parts.append(chunk.data)
+            from_disk += c * on_disk
+        if not parts:
+            return None
+        end = (first + len(parts)) * c
+        data = np.concatenate(parts)[start - first * c :]
+        self.counters.load_seconds += time.perf_counter() - started
+        return Fetched(start, end, data, min(from_disk, end - start))
+
+    def loaded(self, fetched: Fetched, seconds: float) -> None:
+        """The caller wrote `fetched` into the tree's slots in `seconds` (read time included)."""
+        n = fetched.end - fetched.start
+        c = self.counters
+        c.promotions += 1
+        c.promoted_tokens += n
+        c.disk_hit_tokens += fetched.from_disk
+        if seconds > 0:
+            rate = n * self.kv.bytes_per_token / seconds
+            old = self.load_bytes_per_s
+            self.load_bytes_per_s = rate if old is None else old + SMOOTHING * (rate - old)
+
+    def _worth_loading(self, tokens: int, prefill_s_per_token: float | None) -> bool:
+        if prefill_s_per_token is None or self.load_bytes_per_s is None:
+            return True
+        load_s = tokens * self.kv.bytes_per_token / self.load_bytes_per_s
+        return load_s < tokens * prefill_s_per_token
+
+    # ---- tiers ---------------------------------------------------------------------------------
+
+    def _has(self, digest: bytes) -> bool:
+        if self.host is not None and self.host.has(digest):
+            return True
+        return self.disk is not None and self.disk.has(digest)
+
+    def _touch(self, digest: bytes) -> bool:
+        """Whether a tier holds `digest` (marking it used)."""
+        if self.host is not None and self.host.get(digest) is not None:
+            return True
+        if self.disk is not None and self.disk.has(digest):
+            self.disk.touch(digest)
+            return True
+        return False
+
+    def _get(self, digest: bytes) -> tuple[KVChunk | None, bool]:
+        if self.host is not None:
+            chunk = self.host.get(digest)
+            if chunk is not None:
+                return chunk, False
+        return (self.disk.get(digest) if self.disk is not None else None), True
+
+    def _keep(self, chunk: KVChunk) -> None:
+        if self.host is not None:
+            self.host.put(chunk)
+        elif self.disk is not None:
+            self.disk.put(chunk, wait=self.draining)
+
+    # ---- what the stats show -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        bpt = self.kv.bytes_per_token
+        out: dict[str, Any] = asdict(self.counters)
+        if self.host is not None:
+            out.update(host_bytes=self.host.bytes, host_tokens=self.host.bytes // bpt)
+        if self.disk is not None:
+            disk = self.disk.stats
+            out.update(
+                disk_bytes=self.disk.used_bytes,
+                disk_dir=str(self.disk.root),
+                disk_budget=self.disk.budget,
+                disk_files_written=disk.files_written,
+                disk_bytes_written=disk.bytes_written,
+                disk_corrupt=disk.corrupt,
+                disk_dropped=disk.dropped,
+            )
+        return out
