@@ -1,0 +1,86 @@
+"""The cache tiers on a real torch runner: KV evicted to disk (or host memory) and loaded back,
+and across a restart, gives transformers' greedy tokens; another model never reads it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from localradix import Engine, SamplingParams
+
+from .conftest import hf_greedy, random_prompts
+
+NEW = 8
+GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
+CHUNK = 128
+
+
+def engine(folder, disk, **kw) -> Engine:
+    kw = {"backend": "cpu", "dtype": "float32", "max_total_tokens": 700, **kw}
+    return Engine(str(folder), kv_disk_cache=str(disk), kv_disk_gib=1.0, **kw)
+
+
+@pytest.mark.parametrize(
+    "arch, extra",
+    [
+        ("llama", {}),
+        ("qwen3", {"page_size": 16}),
+        ("llama", {"chunked_prefill_size": 64, "step_budget_ms": 0}),
+    ],
+    ids=["llama", "qwen3-paged", "llama-chunked"],
+)
+def test_evicted_and_restarted_prefixes_keep_greedy_parity(tiny_model, tmp_path, arch, extra):
+    folder, hf = tiny_model(arch)
+    prompts = random_prompts(3, lengths=(300, 280, 290, 310))
+    with engine(folder, tmp_path, **extra) as e:
+        first = [e.generate([p], GREEDY)[0] for p in prompts]  # the pool holds about two
+        assert [r.token_ids for r in first] == [hf_greedy(hf, p, NEW) for p in prompts]
+        again = e.generate([prompts[0]], GREEDY)[0]  # evicted by the others: from disk
+        assert again.cached_tokens >= 256 and again.token_ids == first[0].token_ids
+        stats = e.stats().kv_tiers
+        assert stats["demoted_tokens"] > 0 and stats["disk_hit_tokens"] >= 256
+        e.check_invariants(idle=True)
+    follow_ups = [p + [5, 6] for p in prompts]
+    with engine(folder, tmp_path, **extra) as e:  # a restart: the memory cache starts empty
+        results = [e.generate([p], GREEDY)[0] for p in follow_ups]
+        assert [r.cached_tokens for r in results] == [len(p) // CHUNK * CHUNK for p in prompts]
+        assert [r.token_ids for r in results] == [hf_greedy(hf, p, NEW) for p in follow_ups]
+        batched = e.generate(follow_ups, GREEDY)
+        assert [r.token_ids for r in batched] == [r.token_ids for r in results]
+        e.check_invariants(idle=True)
+
+
+def test_another_model_dtype_or_weights_never_reads_the_kv(tiny_model, tmp_path):
+    import torch
+
+    folder, hf = tiny_model("llama")
+    prompt = random_prompts(4, lengths=(300,))[0]
+    with engine(folder, tmp_path) as e:
+        e.generate([prompt], GREEDY)
+    retrained = tmp_path / "retrained"  # same name and shapes, other weights
+    shutil.copytree(folder, retrained)
+    torch.manual_seed(1)
+    type(hf)(hf.config).save_pretrained(retrained)
+    other_arch, _ = tiny_model("qwen3")
+    for model, kw in ((folder, {"dtype": "bfloat16"}), (retrained, {}), (other_arch, {})):
+        with engine(model, tmp_path, **kw) as e:
+            assert e.generate([prompt + [9]], GREEDY)[0].cached_tokens == 0
+    with engine(folder, tmp_path) as e:  # the model that wrote it still hits
+        assert e.generate([prompt + [9]], GREEDY)[0].cached_tokens == 256
+
+
+def test_a_host_tier_alone_takes_evicted_kv_back(tiny_model, tmp_path):
+    folder, hf = tiny_model("llama")
+    prompts = random_prompts(5, lengths=(300, 280, 290))
+    with Engine(
+        str(folder), backend="cpu", dtype="float32", max_total_tokens=700,
+        kv_disk_cache="off", kv_host_gib=0.05,
+    ) as e:  # fmt: skip
+        for p in prompts:
+            e.generate([p], GREEDY)
+        again = e.generate([prompts[0]], GREEDY)[0]
+        assert again.token_ids == hf_greedy(hf, prompts[0], NEW) and again.cached_tokens >= 256
+        stats = e.stats().kv_tiers
+        assert stats["promoted_tokens"] >= 256 and stats["disk_hit_tokens"] == 0
+        assert stats["host_bytes"] > 0 and "disk_bytes" not in stats
