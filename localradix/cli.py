@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "alias": Command("localradix.store.commands", "add_alias_parser", "run_alias"),
     "run": Command("localradix.chat_repl", "add_run_parser", "run_chat"),
     "ps": Command("localradix.ps", "add_ps_parser", "run_ps"),
+    "cache": Command("localradix.cache_command", "add_cache_parser", "run_cache"),
 }
 # What a bare `localradix` (or `localradix --model X.gguf`) runs: a server with the TUI on it.
 DEFAULT_COMMAND: str | None = "up"

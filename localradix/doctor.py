@@ -2,8 +2,10 @@
 
 Prints the OS, CPU and memory; every registered backend (built-in or plugin) with available /
 not available and why; the backend, device and dtype `--backend` would resolve to; the KV pool
-`serve` would reserve for the model (the bundled one unless --model) and why; and the installed
-versions of the packages that matter. Probing may import torch (unlike listing).
+`serve` would reserve for the model (the bundled one unless --model) and why; the prefix
+cache's disk tier (its folder, budget and why, and what it holds now: `localradix cache` lists
+it); and the installed versions of the packages that matter. Probing may import torch (unlike
+listing).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from localradix.cache_command import DIR_ENV, human_bytes, off_reason, stored_report
 from localradix.config import ServerArgs, add_server_args, args_from_namespace
 from localradix.platform import (
     AUTO,
@@ -35,8 +38,9 @@ LLAMACPP_HINT = (
     "pip install llama-cpp-python (it compiles llama.cpp, ~10 minutes)"
 )
 
-# The serve flags that change the KV pool doctor reports.
+# The serve flags that change the KV pool doctor reports, and the KV disk cache.
 KV_FLAGS = ("model", "dtype", "context_length", "max_total_tokens", "mem_fraction")
+DISK_FLAGS = ("kv_disk_cache", "kv_disk_gib")
 
 KEY_PACKAGES = (
     "localradix",
@@ -67,7 +71,8 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default=None, help="show what this --device value selects")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    others = tuple(f.name for f in dataclasses.fields(ServerArgs) if f.name not in KV_FLAGS)
+    shown = KV_FLAGS + DISK_FLAGS
+    others = tuple(f.name for f in dataclasses.fields(ServerArgs) if f.name not in shown)
     add_server_args(parser, skip=others)
     return parser
 
@@ -96,6 +101,7 @@ def collect(
         "chosen_by_format": by_format,
         "weights": weights(args, statuses),
         "kv_pool": kv_pool(args),
+        "kv_disk": kv_disk(args),
         "packages": package_versions(),
     }
 
@@ -153,6 +159,14 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
         "line": budget.describe(),
         "error": None,
     }
+
+
+def kv_disk(args: ServerArgs) -> dict[str, Any]:
+    """The disk tier `serve` with these args would open, and what it holds now."""
+    try:
+        return {**stored_report(args.kv_disk_cache, args.kv_disk_gib), "error": None}
+    except (OSError, ValueError) as exc:  # an unreadable folder, a $LOCALRADIX_KV_DISK_GIB typo
+        return {"on": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _weight_bytes(path: Any, kind: str, backend: str, dtype: str, quantize: str) -> int:
@@ -270,6 +284,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {LLAMACPP_HINT}")
     lines += ["", *_weight_lines(report["weights"])]
     lines += ["", *_kv_lines(report["kv_pool"])]
+    lines += ["", *_disk_lines(report["kv_disk"])]
     lines += ["", "Packages"]
     for name, version in report["packages"].items():
         lines.append(f"  {name:<18} {version or '-'}")
@@ -306,6 +321,26 @@ def _kv_lines(pool: dict[str, Any]) -> list[str]:
         return [f"KV pool for {model}", f"  unknown: {pool['error']}"]
     title = f"KV pool for {model} on {pool['backend']} ({pool['device']}), as serve reserves it"
     return [title, f"  {pool['error'] or pool['line'].removeprefix('KV pool: ')}"]
+
+
+def _disk_lines(disk: dict[str, Any]) -> list[str]:
+    title = "KV disk cache (cached prefixes kept across restarts; `localradix cache` lists them)"
+    if disk["error"]:
+        return [title, f"  unknown: {disk['error']}"]
+    if not disk["on"]:
+        why = off_reason(disk["why"])
+        return [title, f"  off ({why}): --kv-disk-cache DIR or ${DIR_ENV}=DIR turns it on"]
+    files, models = _count(disk["files"], "file"), _count(len(disk["models"]), "model")
+    return [
+        title,
+        f"  folder   {disk['folder']}",
+        f"  budget   {human_bytes(disk['budget_bytes'])} ({disk['why']})",
+        f"  used     {human_bytes(disk['used_bytes'])} ({files}, {models})",
+    ]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _choice_line(chosen: dict[str, Any]) -> str:

@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
             "tui",
             "bench",
             "cli",
+            "cache_command",
             "doctor",
             "ps",
             "chat_repl",

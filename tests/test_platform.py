@@ -369,3 +369,26 @@ def test_doctor_as_a_cli_subcommand(machine, capsys, monkeypatch):
     )
     assert cli.main(["doctor", "--backend", "cpu"]) == 0
     assert "Chosen for --backend cpu" in capsys.readouterr().out
+
+
+def test_doctor_shows_the_kv_disk_cache(machine, capsys, tmp_path):
+    import numpy as np
+
+    from localradix.mem.disk_tier import DiskTier
+    from localradix.mem.kv_chunks import KVChunk, chain, root_digest
+
+    rc, out = _run_doctor(capsys)  # tests/conftest.py turns the tier off
+    assert "KV disk cache (cached prefixes kept across restarts; `localradix cache` lists" in out
+    assert "  off (--kv-disk-cache or $LOCALRADIX_KV_DISK_CACHE says off): " in out
+    tokens = np.arange(8, dtype=np.int64)
+    tier = DiskTier(tmp_path, "f" * 24, 1 << 30, {"name": "m"})
+    tier.put(KVChunk(chain(tokens, None, 8)[0], root_digest(None), tokens,
+                     np.zeros((8, 32), np.uint8)))  # fmt: skip
+    tier.close()
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
+    rc, out = _run_doctor(capsys, "--kv-disk-cache", str(tmp_path), "--kv-disk-gib", "2")
+    assert f"  folder   {tmp_path}\n  budget   2.0 GiB (2 GiB asked for)\n" in out
+    assert f"  used     {size} B (1 file, 1 model)\n" in out
+    rc, out = _run_doctor(capsys, "--json", "--kv-disk-cache", str(tmp_path))
+    disk = json.loads(out)["kv_disk"]
+    assert disk["on"] and disk["used_bytes"] == size and disk["models"][0]["name"] == "m"
