@@ -1,19 +1,42 @@
 """Prometheus metrics in the text exposition format (written by hand: no extra dependency).
 
 Latencies and token counters are measured in the API process as outputs arrive; engine gauges
-(KV, running, queued, cache hits) come from the latest EngineStats snapshot the engine pushed.
+(KV, running, queued, cache hits) come from the latest EngineStats snapshot the engine pushed,
+and so do the cache tiers below the radix tree (host memory, disk), when they are on.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Any
 
 from localradix.messages import EngineStats
 
 PREFIX = "localradix"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+# KVTiers.stats() keys -> the counters' help; each is localradix_kv_tier_<key>_total.
+TIER_COUNTERS = (
+    ("demoted_tokens", "KV tokens copied down a tier when the radix tree evicted them."),
+    ("promoted_tokens", "KV tokens loaded back from a tier into the radix tree."),
+    ("promotions", "Requests that loaded KV back from a tier."),
+    ("skipped_tokens", "KV tokens found in a tier but prefilled instead (measured cheaper)."),
+    ("load_seconds", "Seconds spent loading promoted KV back."),
+)
+# The disk tier's: (stats key, name in localradix_kv_tier_disk_<name>_total, help).
+DISK_COUNTERS = (
+    ("disk_hit_tokens", "hit_tokens", "Promoted KV tokens read from disk."),
+    ("disk_files_written", "files_written", "Chunk files written to the disk tier."),
+    ("disk_bytes_written", "bytes_written", "Bytes written to the disk tier."),
+    ("disk_corrupt", "corrupt_files", "Disk tier files found corrupt, skipped and deleted."),
+    (
+        "disk_dropped",
+        "dropped_writes",
+        "Chunks not written to disk: the writer was too far behind.",
+    ),
+)
 
 
 class Histogram:
@@ -100,6 +123,7 @@ class ServerMetrics:
         lines += _metric("counter", "retractions_total", "Requests retracted.", s.retractions)
         lines += self._speculation_lines(s)
         lines += self._snapshot_lines(s)
+        lines += self._tier_lines(s.kv_tiers)
         lines += self._labelled(
             "requests_total", "Finished requests.", "finish_reason", self.requests
         )
@@ -154,6 +178,34 @@ class ServerMetrics:
                 s.snapshot_miss_tokens,
             ),
         ]
+
+    @staticmethod
+    def _tier_lines(tiers: dict[str, Any]) -> list[str]:
+        """--kv-host-gib / --kv-disk-cache: the tiers below the tree (`KVTiers.stats()`);
+        nothing when they are off."""
+        if not tiers:
+            return []
+        name = f"{PREFIX}_kv_tier_bytes"
+        lines = [
+            f"# HELP {name} Bytes of KV in each tier below the radix tree (disk: the whole folder).",
+            f"# TYPE {name} gauge",
+        ]
+        for tier in ("host", "disk"):
+            if f"{tier}_bytes" in tiers:
+                lines.append(f'{name}{{tier="{tier}"}} {tiers[f"{tier}_bytes"]}')
+        for key, help in TIER_COUNTERS:
+            lines += _metric("counter", f"kv_tier_{key}_total", help, tiers.get(key, 0))
+        if "disk_bytes" not in tiers:
+            return lines
+        lines += _metric(
+            "gauge",
+            "kv_tier_disk_budget_bytes",
+            "Byte budget of the disk tier's folder (every model's files).",
+            tiers.get("disk_budget", 0),
+        )
+        for key, short, help in DISK_COUNTERS:
+            lines += _metric("counter", f"kv_tier_disk_{short}_total", help, tiers.get(key, 0))
+        return lines
 
     @staticmethod
     def _kv_lines(s: EngineStats) -> list[str]:

@@ -176,7 +176,16 @@ class ThroughputPanel(Panel):
 
 
 class StatusLine(Panel):
-    """Queue, retractions and host figures in one line; less important parts drop first."""
+    """Queue, retractions and host figures in one line; less important parts drop first.
+    With the cache tiers on (host memory, disk), a second line says what they hold."""
+
+    tier_rows = 1  # the height set so far
+
+    def show(self, view: View) -> None:
+        rows = 2 if view.stats.kv_tiers else 1
+        if rows != self.tier_rows:  # inline: beats app.tcss's `height: 1`
+            self.tier_rows = self.styles.height = rows
+        super().show(view)
 
     def lines(self, view: View, width: int) -> list[str]:
         s, sy = view.stats, view.system
@@ -198,7 +207,30 @@ class StatusLine(Panel):
             parts.append(f"server {fmt.gib(sy.proc_rss)} {fmt.count(sy.proc_cpu)}%")
         while len(parts) > 3 and _width(" │ ".join(parts)) > width:
             parts.pop()
-        return [" │ ".join(parts)]
+        return [" │ ".join(parts), *_tiers(s, width)]
+
+
+def _tiers(s: Stats, width: int) -> list[str]:
+    """ "KV tiers host 3.0G · disk 1.2G of 16.0G · 34.2k tokens loaded back (12 requests) ·
+    1.30s loading": what the tiers below the radix tree hold and gave back ([] when off)."""
+    if not s.kv_tiers:
+        return []
+    parts = []
+    if "host_bytes" in s.kv_tiers:
+        parts.append(f"host [b]{fmt.gib(s.tier('host_bytes'))}[/]")
+    if "disk_bytes" in s.kv_tiers:
+        parts.append(
+            f"disk [b]{fmt.gib(s.tier('disk_bytes'))}[/] of {fmt.gib(s.tier('disk_budget'))}"
+        )
+    loaded, requests = fmt.count(s.tier("promoted_tokens")), fmt.count(s.tier("promotions"))
+    parts.append(f"[b]{loaded}[/] tokens loaded back ({requests} requests)")
+    for key, what in (("disk_corrupt", "corrupt files"), ("disk_dropped", "writes dropped")):
+        if s.tier(key):
+            parts.append(f"[$text-warning]{what} {fmt.count(s.tier(key))}[/]")
+    parts.append(f"{fmt.seconds(s.tier('load_seconds'))} loading")
+    while len(parts) > 1 and _width("KV tiers " + " · ".join(parts)) > width:
+        parts.pop()
+    return ["[dim]KV tiers[/] " + " · ".join(parts)]
 
 
 def _models(s: Stats) -> list[str]:

@@ -57,6 +57,7 @@ class Stats:
     requests: tuple[Mapping[str, Any], ...] = ()
     top_prefixes: tuple[Mapping[str, Any], ...] = ()
     recent_misses: tuple[Mapping[str, Any], ...] = ()
+    kv_tiers: Mapping[str, Any] = field(default_factory=dict)  # host/disk tiers; {} when off
     system: Mapping[str, Any] = field(default_factory=dict)
     uptime_s: float | None = None
     time: float | None = None
@@ -75,6 +76,7 @@ class Stats:
             requests=rows(eng.get("requests")),
             top_prefixes=rows(eng.get("top_prefixes")),
             recent_misses=rows(eng.get("recent_misses")),
+            kv_tiers=mapping(eng.get("kv_tiers")),
             system=mapping(data.get("system")),
             uptime_s=number(data.get("uptime_s")),
             time=number(data.get("time")),
@@ -87,6 +89,10 @@ class Stats:
     def get(self, key: str) -> float | None:
         """An engine number (see ENGINE_NUMBERS), or None."""
         return self.engine.get(key)
+
+    def tier(self, key: str) -> float | None:
+        """A number from `kv_tiers` (`KVTiers.stats()`: "disk_bytes", "promoted_tokens", ...)."""
+        return number(self.kv_tiers.get(key))
 
     @property
     def busy(self) -> bool:

@@ -82,6 +82,29 @@ async def test_kv_panel_title_counts_pinned_prefixes():
     assert "KV memory · 131k · 1536 pinned" in text, text
 
 
+async def test_status_line_grows_a_row_for_the_cache_tiers():
+    app, feed = make_app()
+    async with app.run_test(size=(140, 40)) as pilot:
+        feed.push(Connected(feed.url, "sse"))
+        feed.push(Snapshot(snapshot(kv_tiers={})))
+        await settle(pilot)
+        assert "KV tiers" not in screen_text(app)
+        assert app.status.size.height == 1
+        tiers = {"promoted_tokens": 34_000, "promotions": 12, "load_seconds": 1.3}
+        tiers.update(disk_bytes=int(1.2 * 2**30), disk_budget=16 * 2**30, host_bytes=2**31)
+        feed.push(Snapshot(snapshot(kv_tiers=tiers)))
+        await settle(pilot)
+        text = screen_text(app)
+        assert app.status.size.height == 2
+        assert "running 2 │ waiting 7" in text, text  # the first line stays
+        line = "KV tiers host 2.0G · disk 1.2G of 16.0G · 34k tokens loaded back (12 requests)"
+        assert f"{line} · 1.30s loading" in text, text
+        feed.push(Snapshot(snapshot()))  # the tiers went away (another server)
+        await settle(pilot)
+        assert "KV tiers" not in screen_text(app)
+        assert app.status.size.height == 1
+
+
 async def test_missing_keys_render_as_dashes():
     app, feed = make_app()
     async with app.run_test() as pilot:

@@ -218,3 +218,55 @@ def test_kv_panel_shows_weights_and_kv_memory_apart():
     assert memory_split({"weight_bytes": 513 * 2**20}) == "weights 513M · KV –"
     assert memory_split({}) == ""  # an older server: nothing, not two dashes
     assert memory_split({"weight_bytes": "lots", "kv_bytes": None}) == ""
+
+
+TIERS = {
+    "demoted_tokens": 120_000,
+    "promoted_tokens": 34_200,
+    "disk_hit_tokens": 30_000,
+    "promotions": 12,
+    "skipped_tokens": 0,
+    "load_seconds": 1.3,
+    "host_bytes": 3 * 2**30,
+    "host_tokens": 98_304,
+    "disk_bytes": int(1.2 * 2**30),
+    "disk_dir": "/home/u/.cache/localradix/kv",
+    "disk_budget": 16 * 2**30,
+    "disk_files_written": 300,
+    "disk_bytes_written": 2 * 2**30,
+    "disk_corrupt": 0,
+    "disk_dropped": 0,
+}
+
+
+def test_status_line_has_a_second_line_for_the_cache_tiers():
+    from localradix.tui.panels import StatusLine, View
+
+    assert len(StatusLine().lines(View(stats=Stats.parse(snapshot())), 200)) == 1
+    assert len(StatusLine().lines(View(stats=Stats.parse(snapshot(kv_tiers={}))), 200)) == 1
+    lines = StatusLine().lines(View(stats=Stats.parse(snapshot(kv_tiers=TIERS))), 200)
+    assert lines[1] == (
+        "[dim]KV tiers[/] host [b]3.0G[/] · disk [b]1.2G[/] of 16.0G"
+        " · [b]34.2k[/] tokens loaded back (12 requests) · 1.30s loading"
+    )
+    disk_only = {k: v for k, v in TIERS.items() if not k.startswith("host")}
+    disk_only.update(disk_corrupt=2, disk_dropped=5)
+    line = StatusLine().lines(View(stats=Stats.parse(snapshot(kv_tiers=disk_only))), 200)[1]
+    assert "host" not in line and "disk [b]1.2G[/] of 16.0G" in line
+    assert "[$text-warning]corrupt files 2[/] · [$text-warning]writes dropped 5[/]" in line
+    host_only = {k: v for k, v in TIERS.items() if not k.startswith("disk")}
+    line = StatusLine().lines(View(stats=Stats.parse(snapshot(kv_tiers=host_only))), 200)[1]
+    assert "disk" not in line and "host [b]3.0G[/]" in line
+    narrow = StatusLine().lines(View(stats=Stats.parse(snapshot(kv_tiers=TIERS))), 60)[1]
+    assert narrow == "[dim]KV tiers[/] host [b]3.0G[/] · disk [b]1.2G[/] of 16.0G"
+
+
+@pytest.mark.parametrize("tiers", [None, "on", [1, 2], {"disk_bytes": "lots"}])
+def test_stats_parse_tolerates_odd_cache_tiers(tiers):
+    from localradix.tui.panels import StatusLine, View
+
+    stats = Stats.parse(snapshot(kv_tiers=tiers))
+    assert stats.tier("disk_bytes") is None
+    lines = StatusLine().lines(View(stats=stats), 200)
+    assert len(lines) == (2 if stats.kv_tiers else 1)
+    assert all("None" not in line for line in lines)
