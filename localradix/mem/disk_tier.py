@@ -105,7 +105,7 @@ class DiskTier:
         path = self._path(digest)
         started = time.perf_counter()
         try:
-            raw = path.read_bytes()
+            raw = _read(path)
         except OSError:
             return None
         chunk = self._decode(raw, digest, path)
@@ -228,7 +228,7 @@ class DiskTier:
         )
         return body + hashlib.blake2b(body, digest_size=CHECKSUM_BYTES).digest()
 
-    def _decode(self, raw: bytes, digest: bytes, path: Path) -> KVChunk | None:
+    def _decode(self, raw: bytearray, digest: bytes, path: Path) -> KVChunk | None:
         try:
             chunk = self._parse(raw, digest)
         except (ValueError, KeyError, TypeError) as exc:
@@ -242,15 +242,15 @@ class DiskTier:
         _unlink(path)
         return None
 
-    def _parse(self, raw: bytes, digest: bytes) -> KVChunk:
-        body, checksum = raw[:-CHECKSUM_BYTES], raw[-CHECKSUM_BYTES:]
+    def _parse(self, raw: bytearray, digest: bytes) -> KVChunk:
+        body, checksum = memoryview(raw)[:-CHECKSUM_BYTES], bytes(raw[-CHECKSUM_BYTES:])
         if len(raw) < len(MAGIC) + 4 + CHECKSUM_BYTES or not raw.startswith(MAGIC):
             raise ValueError("not a KV chunk file")
         if hashlib.blake2b(body, digest_size=CHECKSUM_BYTES).digest() != checksum:
             raise ValueError("checksum mismatch: a torn or damaged file")
         start = len(MAGIC) + 4
         end = start + int.from_bytes(body[len(MAGIC) : start], "little")
-        header = json.loads(body[start:end])
+        header = json.loads(bytes(body[start:end]))
         if header["fingerprint"] != self.fingerprint:
             raise ValueError("written for another model")
         n, width = int(header["tokens"]), int(header["bytes_per_token"])
@@ -343,6 +343,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _read(path: Path) -> bytearray:
+    """The file's bytes in one writable buffer (the KV arrays view it: torch needs writable)."""
+    with path.open("rb", buffering=0) as f:
+        raw = bytearray(os.fstat(f.fileno()).st_size)
+        got = f.readinto(raw)
+    return raw[:got] if got != len(raw) else raw
 
 
 def _touch(path: Path) -> None:

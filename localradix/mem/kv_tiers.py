@@ -52,7 +52,7 @@ class Fetched:
 
     start: int
     end: int
-    data: np.ndarray  # uint8 [end - start, bytes_per_token]
+    parts: tuple[np.ndarray, ...]  # uint8 [tokens, bytes_per_token] each, in order
     from_disk: int  # of those tokens, how many came from disk (the rest: host memory)
 
 
@@ -160,9 +160,16 @@ class KVTiers:
         if not parts:
             return None
         end = (first + len(parts)) * c
-        data = np.concatenate(parts)[start - first * c :]
+        parts[0] = parts[0][start - first * c :]  # a view: no copy of a whole prompt's KV
         self.counters.load_seconds += time.perf_counter() - started
-        return Fetched(start, end, data, min(from_disk, end - start))
+        return Fetched(start, end, tuple(parts), min(from_disk, end - start))
+
+    def write(self, fetched: Fetched, slots: np.ndarray) -> None:
+        """Put fetched KV into the runner's buffers at `slots` (one per token), chunk by chunk."""
+        done = 0
+        for part in fetched.parts:
+            self.kv.write(slots[done : done + len(part)], part)
+            done += len(part)
 
     def loaded(self, fetched: Fetched, seconds: float) -> None:
         """The caller wrote `fetched` into the tree's slots in `seconds` (read time included)."""

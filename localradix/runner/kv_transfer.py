@@ -33,7 +33,7 @@ class TorchKVTransfer:
         rows = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)
         for cache, part in ((self.k, rows[:, : self.half]), (self.v, rows[:, self.half :])):
             layers, _, heads, dim = cache.shape
-            tokens = part.contiguous().view(cache.dtype).view(len(slots), layers, heads, dim)
+            tokens = part.view(cache.dtype).unflatten(1, (layers, heads, dim))  # views only
             cache.index_copy_(1, index, tokens.transpose(0, 1))
 
     @staticmethod

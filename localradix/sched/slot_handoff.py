@@ -102,7 +102,7 @@ class SlotHandoff:
         if fetched is None or slots is None:
             req.tier_miss_at = start
             return match
-        tiers.kv.write(slots, fetched.data)
+        tiers.write(fetched, slots)
         path = np.concatenate([match.indices, slots])
         already = self.cache.insert(key[: fetched.end], path, extra_key=req.extra_key)
         if already > start:  # cannot happen on one thread; never leak slots if it does

@@ -259,7 +259,7 @@ class Server:
             slots = self.pool.alloc(fetched.end - fetched.start)
             self.cache.unlock(match.last_node)
             assert slots is not None
-            self.kv.write(slots, fetched.data)
+            self.tiers.write(fetched, slots)
             self.cache.insert(key[: fetched.end], np.concatenate([match.indices, slots]))
             self.tiers.loaded(fetched, 1e-3)
             match = self.cache.match_prefix(key)

@@ -1,0 +1,164 @@
+"""The prefix cache's lower tiers, measured: a restart that finds an 8k-token prompt on disk,
+and agents whose working set is larger than the KV pool, with and without a host-memory tier.
+
+Runs the bundled SmolLM2-135M on the torch CPU runner, in-process (`Engine`: the same engine,
+loop and graceful stop as `localradix serve`; tests/server/test_kv_disk_e2e.py covers the
+HTTP path). Prints a table and writes JSON.
+
+    python scripts/kv_tiers_bench.py [--shared 7600] [--agents 4 --agent-tokens 6000 --pool 12000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from localradix import Engine, SamplingParams  # noqa: E402
+from tests.engine.conftest import bundled_gguf  # noqa: E402
+
+FIRST = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+ANSWER = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+
+
+def words(rng: np.random.Generator, n: int, vocab: int = 49152) -> list[int]:
+    """`n` token ids of ordinary text-like tokens (the low ids are special and bytes)."""
+    return rng.integers(300, vocab - 1, n).tolist()
+
+
+def warm_up(engine: Engine) -> Engine:
+    """One short unrelated request first: the first forward pays one-off setup costs."""
+    engine.generate([list(range(1000, 1064))], FIRST)
+    return engine
+
+
+def ttft(engine: Engine, prompt: list[int]) -> tuple[float, int]:
+    """Seconds to the first token, and the prompt tokens found cached."""
+    started = time.perf_counter()
+    out = engine.generate([prompt], FIRST)[0]
+    return time.perf_counter() - started, out.cached_tokens
+
+
+def restart(model: str, shared: int, repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    document = words(rng, shared)
+    questions = [words(rng, 40) for _ in range(2 + 2 * repeats)]
+    disk = tempfile.mkdtemp(prefix="kv-disk-")
+    kw = {"backend": "cpu", "kv_disk_gib": 4.0, "max_total_tokens": 16384}
+    cold, warm, from_disk, cached, stop_s = [], [], [], [], []
+    for r in range(repeats):
+        with Engine(model, kv_disk_cache="off", **kw) as e:
+            reference = e.generate([document + questions[-1]], ANSWER)[0].token_ids
+        run_disk = f"{disk}/{r}"
+        with warm_up(Engine(model, kv_disk_cache=run_disk, **kw)) as e:
+            cold.append(ttft(e, document + questions[2 * r])[0])
+            warm.append(ttft(e, document + questions[2 * r + 1])[0])
+            started = time.perf_counter()
+        stop_s.append(time.perf_counter() - started)  # the graceful stop writes the cache
+        with warm_up(Engine(model, kv_disk_cache=run_disk, **kw)) as e:  # a restart
+            seconds, hit = ttft(e, document + questions[-2])
+            from_disk.append(seconds)
+            cached.append(hit / shared)
+            e.flush_cache()  # the answer below comes from disk again, not from memory
+            identical = e.generate([document + questions[-1]], ANSWER)[0].token_ids == reference
+            if not identical:
+                raise SystemExit("the answer after a restart differs from a cold server's")
+    med = statistics.median
+    return {
+        "shared_tokens": shared,
+        "repeats": repeats,
+        "cold_ttft_s": med(cold),
+        "memory_hit_ttft_s": med(warm),
+        "disk_hit_ttft_s": med(from_disk),
+        "cached_share_of_shared": min(cached),
+        "graceful_stop_s": med(stop_s),
+        "disk_vs_memory": med(from_disk) / med(warm),
+        "cold_vs_disk": med(cold) / med(from_disk),
+        "output_identical_to_cold": True,
+    }
+
+
+def agents(model: str, n: int, tokens: int, pool: int, rounds: int, host_gib: float) -> dict:
+    """`n` agents take turns on their own `tokens`-token context over a `pool`-token KV pool."""
+    rng = np.random.default_rng(1)
+    contexts = [words(rng, tokens) for _ in range(n)]
+    hit = total = 0
+    engine = Engine(
+        model, backend="cpu", max_total_tokens=pool, kv_disk_cache="off", kv_host_gib=host_gib
+    )
+    started = time.perf_counter()
+    with warm_up(engine) as e:
+        for _ in range(rounds):
+            for a in range(n):
+                contexts[a] = contexts[a] + words(rng, 20)  # the agent's next turn
+                out = e.generate([contexts[a]], FIRST)[0]
+                hit += out.cached_tokens
+                total += len(contexts[a])
+        tiers = e.stats().kv_tiers
+    return {
+        "host_gib": host_gib,
+        "hit_share": hit / total,
+        "wall_s": time.perf_counter() - started,
+        "promoted_tokens": tiers.get("promoted_tokens", 0),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shared", type=int, default=7600, help="tokens of the restarted prompt")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--agents", type=int, default=4)
+    p.add_argument("--agent-tokens", type=int, default=6000)
+    p.add_argument("--pool", type=int, default=12000, help="KV pool tokens for the agents")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", choices=("restart", "agents"), help="run one part")
+    p.add_argument("--json", default="kv_tiers_bench.json")
+    args = p.parse_args()
+    model = str(bundled_gguf())
+    result: dict = {}
+    if args.only != "agents":
+        result["restart"] = report_restart(restart(model, args.shared, args.repeats))
+    if args.only != "restart":
+        result["agents"] = report_agents(args, model)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"(written to {args.json})")
+
+
+def report_restart(r: dict) -> dict:
+    print(f"restart, {r['shared_tokens']} shared tokens, median of {r['repeats']}:")
+    print(f"  cold TTFT        {r['cold_ttft_s']:8.2f} s")
+    print(f"  memory-hit TTFT  {r['memory_hit_ttft_s']:8.2f} s")
+    print(f"  disk-hit TTFT    {r['disk_hit_ttft_s']:8.2f} s  (after a restart)")
+    print(
+        f"  disk / memory    {r['disk_vs_memory']:8.2f} x   cold / disk {r['cold_vs_disk']:.1f} x"
+    )
+    print(
+        f"  cached share     {r['cached_share_of_shared']:8.1%}   graceful stop {r['graceful_stop_s']:.2f} s"
+    )
+    print("  output identical to a cold server's: yes")
+    return r
+
+
+def report_agents(args: argparse.Namespace, model: str) -> list[dict]:
+    runs = [
+        agents(model, args.agents, args.agent_tokens, args.pool, args.rounds, gib)
+        for gib in (0.0, 1.0)
+    ]
+    print(f"{args.agents} agents x {args.agent_tokens} tokens over a {args.pool}-token pool, "
+          f"{args.rounds} rounds:")  # fmt: skip
+    for run in runs:
+        label = f"host tier {run['host_gib']:g} GiB" if run["host_gib"] else "no host tier"
+        print(f"  {label:18s} hit share {run['hit_share']:6.1%}   wall {run['wall_s']:7.1f} s")
+    return runs
+
+
+if __name__ == "__main__":
+    main()
