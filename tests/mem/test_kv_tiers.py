@@ -82,7 +82,7 @@ def test_a_chunk_name_fixes_its_whole_prefix_and_namespace():
     assert chain(key, None, CHUNK, upto=2) == a[:2]
     assert chain(key, "lora-1", CHUNK)[0] != a[0]
     assert chain(key[:39], None, CHUNK) == a[:4]  # a partial chunk has no name
-    assert chunk_size(1) == 128 and chunk_size(16) == 128 and chunk_size(48) == 144
+    assert chunk_size(1) == 32 and chunk_size(16) == 32 and chunk_size(24) == 48
 
 
 # ---- the disk tier ---------------------------------------------------------------------------
