@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -41,8 +42,10 @@ class KVTransfer(Protocol):
         """uint8 [len(slots), bytes_per_token]: every layer's K and V of those slots."""
         ...
 
-    def write(self, slots: np.ndarray, data: np.ndarray) -> None:
-        """Put what `read` returned back, at (other) slots."""
+    def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        """Put rows as `read` returns them (`parts`, in order: one per slot) at `slots`, which
+        continue a cached path whose slots are `prefix` (a runner whose KV is addressed by
+        position, not slot, needs it: llama.cpp)."""
         ...
 
 
@@ -164,12 +167,10 @@ class KVTiers:
         self.counters.load_seconds += time.perf_counter() - started
         return Fetched(start, end, tuple(parts), min(from_disk, end - start))
 
-    def write(self, fetched: Fetched, slots: np.ndarray) -> None:
-        """Put fetched KV into the runner's buffers at `slots` (one per token), chunk by chunk."""
-        done = 0
-        for part in fetched.parts:
-            self.kv.write(slots[done : done + len(part)], part)
-            done += len(part)
+    def write(self, fetched: Fetched, prefix: np.ndarray, slots: np.ndarray) -> None:
+        """Put fetched KV into the runner's buffers at `slots` (one per token), after the
+        cached path `prefix`."""
+        self.kv.write(prefix, slots, fetched.parts)
 
     def loaded(self, fetched: Fetched, seconds: float) -> None:
         """The caller wrote `fetched` into the tree's slots in `seconds` (read time included)."""

@@ -8,6 +8,8 @@ slice KV token by token without knowing the dtype.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -26,8 +28,14 @@ class TorchKVTransfer:
         k, v = (self._rows(cache.index_select(1, index)) for cache in (self.k, self.v))
         return torch.cat([k, v], dim=1).cpu().numpy()
 
+    def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        done = 0
+        for part in parts:  # chunk by chunk: no copy of a whole prompt's KV
+            self._write(slots[done : done + len(part)], part)
+            done += len(part)
+
     @torch.no_grad()
-    def write(self, slots: np.ndarray, data: np.ndarray) -> None:
+    def _write(self, slots: np.ndarray, data: np.ndarray) -> None:
         device = self.k.device
         index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
         rows = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)

@@ -96,27 +96,24 @@ class SlotHandoff:
             return match  # no whole chunk past the match, or looked there already
         started = time.perf_counter()
         fetched = tiers.fetch(key, req.extra_key, start, self.prefill_cost())
-        slots = (
-            None if fetched is None else self._alloc_beside(match.last_node, fetched.end - start)
-        )
-        if fetched is None or slots is None:
+        if fetched is None:
             req.tier_miss_at = start
             return match
-        tiers.write(fetched, slots)
-        path = np.concatenate([match.indices, slots])
-        already = self.cache.insert(key[: fetched.end], path, extra_key=req.extra_key)
-        if already > start:  # cannot happen on one thread; never leak slots if it does
-            self.pool.free(slots[: already - start])
+        self.cache.lock(match.last_node)  # nothing below may evict the path it continues
+        try:
+            slots = self.pool.alloc(fetched.end - start)
+            if slots is None:
+                req.tier_miss_at = start
+                return match
+            tiers.write(fetched, match.indices, slots)
+            path = np.concatenate([match.indices, slots])
+            already = self.cache.insert(key[: fetched.end], path, extra_key=req.extra_key)
+            if already > start:  # cannot happen on one thread; never leak slots if it does
+                self.pool.free(slots[: already - start])
+        finally:
+            self.cache.unlock(match.last_node)
         tiers.loaded(fetched, time.perf_counter() - started)
         return self.cache.match_prefix(key, extra_key=req.extra_key, count_hit=False)
-
-    def _alloc_beside(self, node: TreeNode, n: int) -> np.ndarray | None:
-        """`n` free slots, evicting anything but the path to `node`."""
-        self.cache.lock(node)
-        try:
-            return self.pool.alloc(n)
-        finally:
-            self.cache.unlock(node)
 
     def note_unresumed(self, req: Req, cached: int) -> None:
         """Count the cached tokens past `req`'s resume point (at its first admission)."""

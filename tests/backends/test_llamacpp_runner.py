@@ -216,8 +216,8 @@ def _same_until_a_near_tie(tokens, expected, logprobs):
 def _llama_cells_in_use(core) -> int:
     """Count llama.cpp's used cells from outside: fill the free ones with a probe sequence."""
     runner = core.scheduler.runner
-    llama, probe = runner.llama, runner.n_seq - 1
-    assert runner.seqs.count[probe] == 0 and runner.seqs.row_of[probe] == -1
+    llama, probe = runner.llama, runner.n_seq - 1  # the cache tiers' spare: outside the map
+    assert probe >= runner.seqs.n_seq and runner._pos_max(probe) == -1
     n_cells = int(llama.llama_n_ctx(runner.ctx))
     free, step = 0, min(256, runner.batch.capacity)
     while step:  # llama_decode returns 1, having changed nothing, when the cells run out

@@ -51,8 +51,8 @@ class FakeKV:
     def read(self, slots: np.ndarray) -> np.ndarray:
         return self.rows[slots].copy()
 
-    def write(self, slots: np.ndarray, data: np.ndarray) -> None:
-        self.rows[slots] = data
+    def write(self, prefix: np.ndarray, slots: np.ndarray, parts) -> None:
+        self.rows[slots] = np.concatenate(parts)
 
 
 def disk(tmp_path, fingerprint="model-a", budget=1 << 30, **kw) -> DiskTier:
@@ -259,7 +259,7 @@ class Server:
             slots = self.pool.alloc(fetched.end - fetched.start)
             self.cache.unlock(match.last_node)
             assert slots is not None
-            self.tiers.write(fetched, slots)
+            self.tiers.write(fetched, match.indices, slots)
             self.cache.insert(key[: fetched.end], np.concatenate([match.indices, slots]))
             self.tiers.loaded(fetched, 1e-3)
             match = self.cache.match_prefix(key)
@@ -271,7 +271,7 @@ class Server:
         new = self.pool.alloc(-(-(len(key) - found) // page) * page)
         self.cache.unlock(match.last_node)
         assert new is not None
-        self.kv.write(new[: len(key) - found], kv_of(key)[found:])
+        self.kv.rows[new[: len(key) - found]] = kv_of(key)[found:]  # "computed"
         already = self.cache.insert(key, np.concatenate([match.indices, new]))
         assert already == found
         cached = len(key) // page * page  # the tree takes whole pages; the rest is freed

@@ -25,6 +25,8 @@ import psutil
 
 from localradix.backends.llamacpp import SPEC
 from localradix.backends.llamacpp.batch import LlamaBatch
+from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
+from localradix.backends.llamacpp.kv_transfer import LlamaKVTransfer, save_state
 from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.backends.llamacpp.states import LlamaStates
@@ -110,10 +112,13 @@ class LlamaCppRunner(ModelRunner):
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
         if self.recurrent:  # llama.cpp allocates a recurrent state per sequence id
             self.n_seq = min(self.n_seq, 2 * rows)
-        if 2 * rows > self.n_seq:
+        # A plain KV cache can copy its cells to the cache tiers, through one spare sequence.
+        self.plain_kv = not self.recurrent and int(llama.llama_model_n_swa(self.model)) == 0
+        mapped = self.n_seq - 1 if self.plain_kv else self.n_seq
+        if 2 * rows > mapped:
             raise ValueError(
                 f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
-                f"{self.n_seq} sequences: use at most {self.n_seq // 2 - 2}"
+                f"{mapped} sequences: use at most {mapped // 2 - 2}"
             )
         self.kv_budget = self._kv_budget(args, target.dtype)
         self.kv_capacity = self.kv_budget.tokens
@@ -128,12 +133,13 @@ class LlamaCppRunner(ModelRunner):
         self.batch = LlamaBatch(llama, int(llama.llama_n_batch(self.ctx)))
         self._logits = np.zeros((self.max_outputs, self.n_vocab), dtype=np.float32)
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
-        self.seqs = SeqMap(self, self.kv_capacity + 1, self.n_seq, max_len + 2)
+        self.seqs = SeqMap(self, self.kv_capacity + 1, mapped, max_len + 2)
         self.states: LlamaStates | None = None
         if self.recurrent:
             budget = _snapshot_budget(args.snapshot_mib)
             self.states = LlamaStates(llama, self.ctx, self.seqs, budget)
             self.snapshots = self.states
+        self.kv_transfer = self._kv_transfer() if self.plain_kv else None
         logger.info(
             "llama.cpp: %s, %d threads, %d sequence ids; keeps at most %d idle cached tokens "
             "(--max-cached-tokens)",
@@ -171,7 +177,9 @@ class LlamaCppRunner(ModelRunner):
     def check_kv(self, pool: KVPool) -> None:
         allocated = np.setdiff1d(np.arange(1, pool.num_slots), pool.free_slots())
         self.seqs.check(allocated)
-        for seq in range(self.n_seq):
+        if self.plain_kv and self._pos_max(self.n_seq - 1) >= 0:
+            raise AssertionError("the cache tiers' spare sequence still holds cells")
+        for seq in range(self.seqs.n_seq):
             held = np.flatnonzero(self.seqs.paths[seq] >= 0)
             lo, hi = (int(held[0]), int(held[-1])) if held.size else (-1, -1)
             # Models with recurrent state report the span that cells and state share, and
@@ -226,6 +234,23 @@ class LlamaCppRunner(ModelRunner):
             if self.states is not None:
                 self.states.apply_pending(row, int(seqs[i]), int(prefixes[i]))
         return seqs
+
+    def _kv_transfer(self) -> LlamaKVTransfer | None:
+        """Cells to host bytes and back for the cache tiers, the layout learned from a blob
+        of one probe token (None, and the tiers stay off, if llama.cpp's differs)."""
+        scratch = self.n_seq - 1
+        one = np.zeros(1, dtype=np.int64)
+        self.batch.fill(one, one, np.full(1, scratch), one)
+        if self.llama.llama_decode(self.ctx, self.batch.struct) != 0:
+            return None
+        try:
+            layout = CellLayout.parse(save_state(self.llama, self.ctx, scratch))[0]
+        except BlobError as exc:
+            logger.info("llama.cpp's KV state cannot go to the cache tiers: %s", exc)
+            return None
+        finally:
+            self._seq_rm(scratch, -1, -1)
+        return LlamaKVTransfer(self.llama, self.ctx, self.seqs, scratch, layout)
 
     def _logit_rows(self, outputs: np.ndarray) -> Any:
         import torch

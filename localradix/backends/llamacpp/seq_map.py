@@ -24,11 +24,12 @@ holes prove that a row's sequence holds a whole prefix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 Evictor = Callable[[int], int]  # evict(n_tokens) -> tokens freed
+T = TypeVar("T")
 
 
 class SeqMemory(Protocol):
@@ -92,6 +93,40 @@ class SeqMap:
             mine = slots[which[seqs == seq]]
             self._untag(int(seq), np.sort(self.slot_pos[mine]))
         self.slot_pos[slots] = -1
+
+    def export(self, slots: np.ndarray, scratch: int, save: Callable[[int], T]) -> T:
+        """`save(scratch)` with `scratch` (an id outside the map) tagged onto exactly the
+        cells of `slots`, which lie on one cached path; `scratch` is emptied after."""
+        positions = self.slot_pos[slots]
+        if (positions < 0).any():
+            raise RuntimeError("exporting slots that hold no cell")
+        holder = self._holder(int(slots[np.argmax(positions)]), exclude=-1)
+        if not self.tags[slots, holder].all():
+            raise RuntimeError("exported slots are not all on one cached path")
+        for start, end in _runs(np.sort(positions)):
+            self.memory.seq_cp(holder, scratch, start, end)
+        try:
+            return save(scratch)
+        finally:
+            self.memory.seq_rm(scratch, -1, -1)
+
+    def adopt(
+        self, prefix: np.ndarray, slots: np.ndarray, scratch: int, load: Callable[[int], None]
+    ) -> None:
+        """New cells for `slots` at the positions after the cached path `prefix`: `load(scratch)`
+        puts them into llama.cpp as `scratch`'s only cells; a new ghost sequence then holds the
+        whole path (prefix tagged in, the new cells moved over), as if it had computed it."""
+        seq = self._new_seq()  # may evict (the caller keeps `prefix` locked): before `load`
+        n, end = len(prefix), len(prefix) + len(slots)
+        self._fill(seq, prefix, n)
+        try:
+            load(scratch)
+            self.memory.seq_cp(scratch, seq, n, end)
+        finally:
+            self.memory.seq_rm(scratch, -1, -1)
+        self._tag(seq, np.arange(n, end), np.asarray(slots, dtype=np.int64))
+        if self.count[seq] == 0:  # nothing at all (an empty load): give the id back
+            self._free_ids.append(seq)
 
     @property
     def live_cells(self) -> int:

@@ -1,0 +1,149 @@
+"""llama.cpp's per-sequence KV state blob, read into token rows and written back.
+
+`llama_state_seq_get_data` of one sequence of a plain (unified, non-SWA, non-recurrent) KV cache
+is: llama.cpp's state magic and the sequence id, the stream count (1), the cell count n, per cell its position, a sequence count (1) and
+that sequence id, then `v_trans` and the layer count, every layer's K type, row size and n
+rows, and every layer's V likewise (or, with `v_trans`, its type, element size and width
+followed by the n cells' elements of each V column). The cache tiers store KV token by token,
+so a cell becomes one row: its K of every layer, then its V of every layer. The layout (types,
+row sizes) is learned once from a blob llama.cpp wrote itself (`CellLayout.parse`), never
+assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CELL_META = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
+
+
+class BlobError(ValueError):
+    """A blob that is not a one-stream, one-sequence plain KV state."""
+
+
+@dataclass(frozen=True)
+class CellLayout:
+    magic: int  # what llama.cpp checks at the head of a blob it loads
+    v_trans: bool
+    k_types: tuple[int, ...]
+    k_rows: tuple[int, ...]  # bytes of one cell's K, per layer
+    v_types: tuple[int, ...]
+    v_rows: tuple[int, ...]  # bytes of one cell's V, per layer
+    v_elems: tuple[tuple[int, int], ...] = ()  # (element size, width) per layer with v_trans
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(self.k_rows) + sum(self.v_rows)
+
+    @classmethod
+    def parse(cls, blob: bytes | memoryview) -> tuple[CellLayout, np.ndarray, np.ndarray]:
+        """(layout, positions int32 [n], rows uint8 [n, bytes_per_token]) of a blob."""
+        reader = _Reader(blob)
+        magic, _ = reader.u32(), reader.i32()
+        if reader.u32() != 1:
+            raise BlobError("more than one KV stream (a non-unified cache)")
+        n = reader.u32()
+        meta = reader.array(CELL_META, n)
+        if n and ((meta["n_seq"] != 1).any()):
+            raise BlobError("cells of several sequences")
+        v_trans, layers = reader.u32(), reader.u32()
+        k_types, k_rows, parts = [], [], []
+        for _ in range(layers):
+            k_types.append(reader.i32())
+            k_rows.append(reader.u64())
+            parts.append(reader.array(np.uint8, n * k_rows[-1]).reshape(n, k_rows[-1]))
+        v_types, v_rows, v_elems = [], [], []
+        for _ in range(layers):
+            v_types.append(reader.i32())
+            if v_trans:
+                size, width = reader.u32(), reader.u32()
+                v_elems.append((size, width))
+                v_rows.append(size * width)
+                columns = reader.array(np.uint8, width * n * size).reshape(width, n, size)
+                parts.append(columns.transpose(1, 0, 2).reshape(n, width * size))
+            else:
+                v_rows.append(reader.u64())
+                parts.append(reader.array(np.uint8, n * v_rows[-1]).reshape(n, v_rows[-1]))
+        if not reader.done:
+            raise BlobError(f"{reader.left} bytes past the end of the KV state")
+        layout = cls(
+            magic, bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows),
+            tuple(v_elems),
+        )  # fmt: skip
+        rows = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.uint8)
+        return layout, meta["pos"].astype(np.int64), rows
+
+    def build(self, positions: np.ndarray, rows: np.ndarray, seq: int = 0) -> bytes:
+        """The blob of cells at `positions` holding `rows` (what `parse` returns)."""
+        n = len(positions)
+        meta = np.zeros(n, dtype=CELL_META)
+        meta["pos"], meta["n_seq"], meta["seq"] = positions, 1, seq
+        out = [
+            _u32(self.magic),
+            _i32(seq),
+            _u32(1),
+            _u32(n),
+            meta.tobytes(),
+            _u32(int(self.v_trans)),
+            _u32(len(self.k_rows)),
+        ]
+        col = 0
+        for k_type, width in zip(self.k_types, self.k_rows):
+            out += [_i32(k_type), _u64(width), rows[:, col : col + width].tobytes()]
+            col += width
+        for i, (v_type, width) in enumerate(zip(self.v_types, self.v_rows)):
+            block = rows[:, col : col + width]
+            col += width
+            if self.v_trans:
+                size, elems = self.v_elems[i]
+                columns = block.reshape(n, elems, size).transpose(1, 0, 2)
+                out += [_i32(v_type), _u32(size), _u32(elems), columns.tobytes()]
+            else:
+                out += [_i32(v_type), _u64(width), block.tobytes()]
+        return b"".join(out)
+
+
+class _Reader:
+    def __init__(self, blob: bytes | memoryview) -> None:
+        self.buf = memoryview(blob).cast("B")
+        self.pos = 0
+
+    def array(self, dtype: np.dtype | type | str, count: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        end = self.pos + dt.itemsize * count
+        if end > len(self.buf):
+            raise BlobError("the KV state ends early")
+        out = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
+        self.pos = end
+        return out
+
+    def u32(self) -> int:
+        return int(self.array("<u4", 1)[0])
+
+    def i32(self) -> int:
+        return int(self.array("<i4", 1)[0])
+
+    def u64(self) -> int:
+        return int(self.array("<u8", 1)[0])
+
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    @property
+    def done(self) -> bool:
+        return self.pos == len(self.buf)
+
+
+def _u32(v: int) -> bytes:
+    return int(v).to_bytes(4, "little")
+
+
+def _i32(v: int) -> bytes:
+    return int(v).to_bytes(4, "little", signed=True)
+
+
+def _u64(v: int) -> bytes:
+    return int(v).to_bytes(8, "little")

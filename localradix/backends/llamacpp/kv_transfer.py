@@ -1,0 +1,69 @@
+"""LlamaKVTransfer: llama.cpp's KV cells to host bytes and back, for the cache tiers.
+
+llama.cpp addresses KV by (sequence, position), and reads or writes it only as a sequence's
+state blob. A spare sequence id (`scratch`, outside the SeqMap) carries the cells across:
+- out: `scratch` is tagged onto the cells of the slots (one cached path), its blob is read
+  and parsed into token rows, and `scratch` is emptied (the cells stay: others tag them);
+- in: the rows become a blob at the positions after the cached prefix, loaded as `scratch`'s
+  only cells, then handed to a new ghost sequence that also tags the prefix (`SeqMap.adopt`),
+  exactly as if that sequence had computed them.
+Only plain KV caches qualify (one unified stream, no sliding-window second cache, no
+recurrent state); `probe` learns the layout from a one-token blob llama.cpp writes itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
+from localradix.backends.llamacpp.seq_map import SeqMap
+
+
+class LlamaKVTransfer:
+    def __init__(self, llama: Any, ctx: Any, seqs: SeqMap, scratch: int, layout: CellLayout):
+        self.llama, self.ctx, self.seqs, self.scratch = llama, ctx, seqs, scratch
+        self.layout = layout
+        self.bytes_per_token = layout.bytes_per_token
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        slots = np.asarray(slots, dtype=np.int64)
+        layout, positions, rows = CellLayout.parse(
+            self.seqs.export(slots, self.scratch, self._save)
+        )
+        if layout != self.layout:
+            raise BlobError("llama.cpp's KV layout changed since the probe")
+        wanted = self.seqs.slot_pos[slots]
+        order = np.argsort(positions)
+        at = order[np.searchsorted(positions, wanted, sorter=order)]
+        if not np.array_equal(positions[at], wanted):
+            raise BlobError("llama.cpp's blob lacks some of the cells asked for")
+        return rows[at]
+
+    def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        rows = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        positions = np.arange(len(prefix), len(prefix) + len(slots), dtype=np.int64)
+        blob = self.layout.build(positions, rows, seq=self.scratch)
+        self.seqs.adopt(
+            np.asarray(prefix, np.int64), slots, self.scratch, lambda s: self._load(s, blob)
+        )
+
+    def _save(self, seq: int) -> bytes:
+        return save_state(self.llama, self.ctx, seq)
+
+    def _load(self, seq: int, blob: bytes) -> None:
+        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if not self.llama.llama_state_seq_set_data(self.ctx, buffer, len(blob), seq):
+            raise RuntimeError(f"llama.cpp could not load {len(blob)} bytes of KV into {seq}")
+
+
+def save_state(llama: Any, ctx: Any, seq: int) -> bytes:
+    size = int(llama.llama_state_seq_get_size(ctx, seq))
+    buffer = (ctypes.c_uint8 * size)()
+    got = int(llama.llama_state_seq_get_data(ctx, buffer, size, seq))
+    if got != size:
+        raise RuntimeError(f"llama.cpp wrote {got} of {size} state bytes of sequence {seq}")
+    return bytes(buffer)
