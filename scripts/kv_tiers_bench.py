@@ -1,7 +1,8 @@
 """The prefix cache's lower tiers, measured: a restart that finds an 8k-token prompt on disk,
 and agents whose working set is larger than the KV pool, with and without a host-memory tier.
 
-Runs the bundled SmolLM2-135M on the torch CPU runner, in-process (`Engine`: the same engine,
+Runs the bundled SmolLM2-135M on the torch CPU runner (the restart also on llama.cpp with
+`--backend llamacpp`), in-process (`Engine`: the same engine,
 loop and graceful stop as `localradix serve`; tests/server/test_kv_disk_e2e.py covers the
 HTTP path). Prints a table and writes JSON.
 
@@ -47,12 +48,12 @@ def ttft(engine: Engine, prompt: list[int]) -> tuple[float, int]:
     return time.perf_counter() - started, out.cached_tokens
 
 
-def restart(model: str, shared: int, repeats: int) -> dict:
+def restart(model: str, shared: int, repeats: int, backend: str) -> dict:
     rng = np.random.default_rng(0)
     document = words(rng, shared)
     questions = [words(rng, 40) for _ in range(2 + 2 * repeats)]
     disk = tempfile.mkdtemp(prefix="kv-disk-")
-    kw = {"backend": "cpu", "kv_disk_gib": 4.0, "max_total_tokens": 16384}
+    kw = {"backend": backend, "kv_disk_gib": 4.0, "max_total_tokens": 16384}
     cold, warm, from_disk, cached, stop_s = [], [], [], [], []
     for r in range(repeats):
         with Engine(model, kv_disk_cache="off", **kw) as e:
@@ -73,6 +74,7 @@ def restart(model: str, shared: int, repeats: int) -> dict:
                 raise SystemExit("the answer after a restart differs from a cold server's")
     med = statistics.median
     return {
+        "backend": backend,
         "shared_tokens": shared,
         "repeats": repeats,
         "cold_ttft_s": med(cold),
@@ -120,12 +122,15 @@ def main() -> None:
     p.add_argument("--pool", type=int, default=12000, help="KV pool tokens for the agents")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", choices=("restart", "agents"), help="run one part")
+    p.add_argument(
+        "--backend", default="cpu", choices=("cpu", "llamacpp"), help="the restart's backend"
+    )
     p.add_argument("--json", default="kv_tiers_bench.json")
     args = p.parse_args()
     model = str(bundled_gguf())
     result: dict = {}
     if args.only != "agents":
-        result["restart"] = report_restart(restart(model, args.shared, args.repeats))
+        result["restart"] = report_restart(restart(model, args.shared, args.repeats, args.backend))
     if args.only != "restart":
         result["agents"] = report_agents(args, model)
     Path(args.json).write_text(json.dumps(result, indent=1))
@@ -133,7 +138,9 @@ def main() -> None:
 
 
 def report_restart(r: dict) -> dict:
-    print(f"restart, {r['shared_tokens']} shared tokens, median of {r['repeats']}:")
+    print(
+        f"restart on {r['backend']}, {r['shared_tokens']} shared tokens, median of {r['repeats']}:"
+    )
     print(f"  cold TTFT        {r['cold_ttft_s']:8.2f} s")
     print(f"  memory-hit TTFT  {r['memory_hit_ttft_s']:8.2f} s")
     print(f"  disk-hit TTFT    {r['disk_hit_ttft_s']:8.2f} s  (after a restart)")

@@ -118,8 +118,8 @@ def test_llamacpp_cells_round_trip_through_disk(tmp_path):
             assert np.array_equal(kv_rows(e, p[:cut]), before)
         e.check_invariants(idle=True)
     with Engine(gguf, max_total_tokens=1600, **kw) as e:  # a pool that holds about two
-        e.generate([prompts[1] + [7]], GREEDY)
-        e.generate([prompts[2] + [7]], GREEDY)
+        for filler in (rng.integers(300, 49000, n).tolist() for n in (660, 690)):
+            e.generate([filler], GREEDY)  # new prompts: the eviction writes them to disk
         again = e.generate([prompts[0] + [5]], GREEDY)[0]
         assert again.cached_tokens == cuts[0] and again.token_ids[0] == refs[0][0]
         assert np.array_equal(kv_rows(e, prompts[0][: cuts[0]]), rows[0])
@@ -127,3 +127,6 @@ def test_llamacpp_cells_round_trip_through_disk(tmp_path):
         # run over the unified cache's cells, which other requests laid out differently here.
         assert e.stats().kv_tiers["demoted_tokens"] > 0
         e.check_invariants(idle=True)
+    with Engine(gguf, backend="cpu", kv_disk_cache=str(tmp_path), max_total_tokens=4096) as e:
+        one = SamplingParams(temperature=0, max_new_tokens=1)
+        assert e.generate([prompts[0] + [5]], one)[0].cached_tokens == 0  # another backend
