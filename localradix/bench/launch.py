@@ -32,9 +32,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def localradix_argv(server_args: tuple[str, ...], port: int, model: str | None) -> list[str]:
-    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P ARGS`."""
+    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P ARGS`, with the disk
+    tier off unless ARGS set it: KV an earlier run left on disk would make cold requests hits."""
     head = [sys.executable, "-m", "localradix", "serve", *([model] if model else [])]
-    return [*head, "--host", "127.0.0.1", "--port", str(port), *server_args]
+    given = any(a.split("=")[0] == "--kv-disk-cache" for a in server_args)
+    disk = [] if given else ["--kv-disk-cache", "off"]
+    return [*head, "--host", "127.0.0.1", "--port", str(port), *disk, *server_args]
 
 
 def localradix_env() -> dict[str, str]:

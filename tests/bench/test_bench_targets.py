@@ -61,8 +61,10 @@ def test_launch_argv_and_port():
     argv = localradix_argv(("--page-size", "4"), 1234, "m.gguf")
     assert argv[1:] == [
         "-m", "localradix", "serve", "m.gguf", "--host", "127.0.0.1", "--port", "1234",
-        "--page-size", "4",
+        "--kv-disk-cache", "off", "--page-size", "4",
     ]  # fmt: skip
+    kept = localradix_argv(("--kv-disk-cache", "/tmp/kv"), 1234, None)
+    assert kept.count("--kv-disk-cache") == 1 and "off" not in kept
     assert port_in_args(["--port", "9"]) == 9 and port_in_args(["--port=7"]) == 7
     assert port_in_args(["--page-size", "4"]) is None
 
