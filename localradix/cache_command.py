@@ -99,7 +99,7 @@ def show(settings: DiskTierSettings, as_json: bool = False) -> int:
         print(
             f"KV disk cache: nothing stored in {settings.folder} yet (budget "
             f"{human_bytes(settings.budget_bytes)}): `localradix serve` fills it with the KV "
-            "its pool evicts and, at a graceful stop, all it has cached (torch and llama.cpp backends)"
+            "its pool evicts and, at a graceful stop, all it has cached (torch, MLX and llama.cpp backends)"
         )
         return 0
     used = sum(m.bytes for m in models)

@@ -105,8 +105,8 @@ class ServerArgs:
     )
     kv_disk_cache: str | None = _opt(
         "folder of the prefix cache's disk tier: KV the pool evicts, and everything cached at "
-        "a graceful stop, is kept there across restarts and model unloads, per model (torch "
-        "and llama.cpp backends). Default: $LOCALRADIX_KV_DISK_CACHE, else ~/.cache/localradix/kv; 'off' "
+        "a graceful stop, is kept there across restarts and model unloads, per model (torch, "
+        "MLX and llama.cpp backends). Default: $LOCALRADIX_KV_DISK_CACHE, else ~/.cache/localradix/kv; 'off' "
         "turns it off. `localradix cache` shows and clears it",
         default=None,
     )

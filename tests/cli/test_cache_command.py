@@ -155,7 +155,7 @@ def test_off_and_empty_say_so_in_one_line(tmp_path: Path):
         assert empty.stdout.splitlines() == [
             f"KV disk cache: nothing stored in {folder} yet (budget 1.0 GiB): `localradix serve` "
             "fills it with the KV its pool evicts and, at a graceful stop, all it has cached "
-            "(torch and llama.cpp backends)"
+            "(torch, MLX and llama.cpp backends)"
         ]
     assert not (tmp_path / "missing").exists()  # looking creates nothing
 

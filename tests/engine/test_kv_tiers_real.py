@@ -9,7 +9,7 @@ import pytest
 
 from localradix import Engine, SamplingParams
 
-from .conftest import bundled_gguf, hf_greedy, random_prompts
+from .conftest import bundled_gguf, hf_greedy, random_prompts, requires_mlx
 
 NEW = 8
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
@@ -32,6 +32,16 @@ def engine(folder, disk, **kw) -> Engine:
 )
 def test_evicted_and_restarted_prefixes_keep_greedy_parity(tiny_model, tmp_path, arch, extra):
     folder, hf = tiny_model(arch)
+    _evict_then_restart(folder, hf, tmp_path, **extra)
+
+
+@requires_mlx
+def test_mlx_evicted_and_restarted_prefixes_keep_greedy_parity(tiny_model, tmp_path):
+    folder, hf = tiny_model("qwen3")
+    _evict_then_restart(folder, hf, tmp_path, backend="mlx")
+
+
+def _evict_then_restart(folder, hf, tmp_path, **extra) -> None:
     prompts = random_prompts(3, lengths=(300, 280, 290, 310))
     with engine(folder, tmp_path, **extra) as e:
         first = [e.generate([p], GREEDY)[0] for p in prompts]  # the pool holds about two

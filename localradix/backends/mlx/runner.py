@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 
 from localradix.backends.mlx.attention import MLXPagedAttention
+from localradix.backends.mlx.kv_transfer import MLXKVTransfer
 from localradix.backends.mlx.model import MLXDecoderForCausalLM
 from localradix.backends.mlx.sampler import sample
 from localradix.backends.mlx.weights import load_weights
@@ -73,6 +74,7 @@ class MLXRunner(ModelRunner):
         self.kv_capacity = self.kv_budget.tokens
         with mx.stream(device):
             self.attn = MLXPagedAttention(shape.with_slots(self.kv_capacity), self.dtype)
+        self.kv_transfer = MLXKVTransfer(self.attn, device)
         logger.info("%s; MLX arrays on %s", self.kv_budget.describe(), device)
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
