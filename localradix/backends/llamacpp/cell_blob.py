@@ -75,34 +75,48 @@ class CellLayout:
         rows = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.uint8)
         return layout, meta["pos"].astype(np.int64), rows
 
-    def build(self, positions: np.ndarray, rows: np.ndarray, seq: int = 0) -> bytes:
-        """The blob of cells at `positions` holding `rows` (what `parse` returns)."""
-        n = len(positions)
+    def build(self, positions: np.ndarray, rows: np.ndarray, seq: int = 0) -> np.ndarray:
+        """The blob (uint8) of cells at `positions` holding `rows` (what `parse` returns),
+        written in place: each layer's block is one strided copy out of `rows`."""
+        n, layers = len(positions), len(self.k_rows)
+        size = 24 + CELL_META.itemsize * n + 12 * 2 * layers + n * self.bytes_per_token
+        writer = _Writer(np.empty(size, dtype=np.uint8))
         meta = np.zeros(n, dtype=CELL_META)
         meta["pos"], meta["n_seq"], meta["seq"] = positions, 1, seq
-        out = [
-            _u32(self.magic),
-            _i32(seq),
-            _u32(1),
-            _u32(n),
-            meta.tobytes(),
-            _u32(int(self.v_trans)),
-            _u32(len(self.k_rows)),
-        ]
+        writer.put(_u32(self.magic), _i32(seq), _u32(1), _u32(n), meta.tobytes())
+        writer.put(_u32(int(self.v_trans)), _u32(layers))
         col = 0
         for k_type, width in zip(self.k_types, self.k_rows):
-            out += [_i32(k_type), _u64(width), rows[:, col : col + width].tobytes()]
+            writer.put(_i32(k_type), _u64(width))
+            writer.block(rows[:, col : col + width])
             col += width
         for i, (v_type, width) in enumerate(zip(self.v_types, self.v_rows)):
             block = rows[:, col : col + width]
             col += width
             if self.v_trans:
-                size, elems = self.v_elems[i]
-                columns = block.reshape(n, elems, size).transpose(1, 0, 2)
-                out += [_i32(v_type), _u32(size), _u32(elems), columns.tobytes()]
+                item, elems = self.v_elems[i]
+                writer.put(_i32(v_type), _u32(item), _u32(elems))
+                writer.block(block.reshape(n, elems, item).transpose(1, 0, 2))
             else:
-                out += [_i32(v_type), _u64(width), block.tobytes()]
-        return b"".join(out)
+                writer.put(_i32(v_type), _u64(width))
+                writer.block(block)
+        assert writer.pos == size
+        return writer.out
+
+
+class _Writer:
+    def __init__(self, out: np.ndarray) -> None:
+        self.out, self.pos = out, 0
+
+    def put(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.out[self.pos : self.pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+            self.pos += len(chunk)
+
+    def block(self, values: np.ndarray) -> None:
+        end = self.pos + values.size
+        self.out[self.pos : end].reshape(values.shape)[...] = values
+        self.pos = end
 
 
 class _Reader:

@@ -51,19 +51,19 @@ class LlamaKVTransfer:
             np.asarray(prefix, np.int64), slots, self.scratch, lambda s: self._load(s, blob)
         )
 
-    def _save(self, seq: int) -> bytes:
+    def _save(self, seq: int) -> memoryview:
         return save_state(self.llama, self.ctx, seq)
 
-    def _load(self, seq: int, blob: bytes) -> None:
-        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if not self.llama.llama_state_seq_set_data(self.ctx, buffer, len(blob), seq):
-            raise RuntimeError(f"llama.cpp could not load {len(blob)} bytes of KV into {seq}")
+    def _load(self, seq: int, blob: np.ndarray) -> None:
+        pointer = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))  # no copy
+        if not self.llama.llama_state_seq_set_data(self.ctx, pointer, blob.size, seq):
+            raise RuntimeError(f"llama.cpp could not load {blob.size} bytes of KV into {seq}")
 
 
-def save_state(llama: Any, ctx: Any, seq: int) -> bytes:
+def save_state(llama: Any, ctx: Any, seq: int) -> memoryview:
     size = int(llama.llama_state_seq_get_size(ctx, seq))
     buffer = (ctypes.c_uint8 * size)()
     got = int(llama.llama_state_seq_get_data(ctx, buffer, size, seq))
     if got != size:
         raise RuntimeError(f"llama.cpp wrote {got} of {size} state bytes of sequence {seq}")
-    return bytes(buffer)
+    return memoryview(buffer).cast("B")  # no copy: the view keeps the buffer alive
