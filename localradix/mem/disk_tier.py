@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -350,12 +351,14 @@ def _checksum(data: bytes | memoryview) -> bytes:
 
 
 def _read(path: Path) -> memoryview:
-    """The file's bytes in one writable buffer, not zero-filled first (the KV arrays view it,
-    and torch needs writable arrays)."""
-    with path.open("rb", buffering=0) as f:
-        buffer = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
-        got = f.readinto(buffer.data) or 0
-    return buffer.data[:got]
+    """The file's bytes, mapped copy-on-write: the KV arrays view the OS page cache itself
+    (no copy, no fresh memory) and are writable, as torch wants (a write would copy a page,
+    never touch the file)."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY))
 
 
 def _touch(path: Path) -> None:

@@ -26,6 +26,8 @@ def test_rows_round_trip_through_a_blob(v_trans):
     # v_trans, V is stored column by column across the cells instead.
     first_v = rows[0, sum(k_rows) : sum(k_rows) + v_rows[0]].tobytes()
     assert (blob.find(first_v) >= 0) != v_trans
+    in_parts = layout.build(positions, [rows[:2], rows[2:3], rows[3:]], seq=255).tobytes()
+    assert in_parts == blob
 
 
 def test_what_is_not_one_plain_stream_is_refused():

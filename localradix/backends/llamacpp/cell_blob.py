@@ -12,6 +12,7 @@ assumed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,9 +76,12 @@ class CellLayout:
         rows = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.uint8)
         return layout, meta["pos"].astype(np.int64), rows
 
-    def build(self, positions: np.ndarray, rows: np.ndarray, seq: int = 0) -> np.ndarray:
-        """The blob (uint8) of cells at `positions` holding `rows` (what `parse` returns),
-        written in place: each layer's block is one strided copy out of `rows`."""
+    def build(
+        self, positions: np.ndarray, rows: np.ndarray | Sequence[np.ndarray], seq: int = 0
+    ) -> np.ndarray:
+        """The blob (uint8) of cells at `positions` holding `rows` (what `parse` returns, or
+        consecutive parts of it), written in place: per layer, one strided copy per part."""
+        parts = [rows] if isinstance(rows, np.ndarray) else list(rows)
         n, layers = len(positions), len(self.k_rows)
         size = 24 + CELL_META.itemsize * n + 12 * 2 * layers + n * self.bytes_per_token
         writer = _Writer(np.empty(size, dtype=np.uint8))
@@ -88,18 +92,17 @@ class CellLayout:
         col = 0
         for k_type, width in zip(self.k_types, self.k_rows):
             writer.put(_i32(k_type), _u64(width))
-            writer.block(rows[:, col : col + width])
+            writer.rows(parts, col, width)
             col += width
         for i, (v_type, width) in enumerate(zip(self.v_types, self.v_rows)):
-            block = rows[:, col : col + width]
-            col += width
             if self.v_trans:
                 item, elems = self.v_elems[i]
                 writer.put(_i32(v_type), _u32(item), _u32(elems))
-                writer.block(block.reshape(n, elems, item).transpose(1, 0, 2))
+                writer.columns(parts, col, elems, item)
             else:
                 writer.put(_i32(v_type), _u64(width))
-                writer.block(block)
+                writer.rows(parts, col, width)
+            col += width
         assert writer.pos == size
         return writer.out
 
@@ -113,10 +116,23 @@ class _Writer:
             self.out[self.pos : self.pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
             self.pos += len(chunk)
 
-    def block(self, values: np.ndarray) -> None:
-        end = self.pos + values.size
-        self.out[self.pos : end].reshape(values.shape)[...] = values
-        self.pos = end
+    def rows(self, parts: list[np.ndarray], col: int, width: int) -> None:
+        """Bytes [col, col + width) of every token, token after token."""
+        for part in parts:
+            end = self.pos + len(part) * width
+            self.out[self.pos : end].reshape(len(part), width)[...] = part[:, col : col + width]
+            self.pos = end
+
+    def columns(self, parts: list[np.ndarray], col: int, elems: int, item: int) -> None:
+        """A transposed V block: element j of every token, then element j + 1, ..."""
+        n = sum(len(part) for part in parts)
+        block = self.out[self.pos : self.pos + n * elems * item].reshape(elems, n, item)
+        first = 0
+        for part in parts:
+            values = part[:, col : col + elems * item].reshape(len(part), elems, item)
+            block[:, first : first + len(part)] = values.transpose(1, 0, 2)
+            first += len(part)
+        self.pos += n * elems * item
 
 
 class _Reader:

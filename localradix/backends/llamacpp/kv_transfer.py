@@ -44,9 +44,8 @@ class LlamaKVTransfer:
         return rows[at]
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
-        rows = np.concatenate(parts) if len(parts) != 1 else parts[0]
         positions = np.arange(len(prefix), len(prefix) + len(slots), dtype=np.int64)
-        blob = self.layout.build(positions, rows, seq=self.scratch)
+        blob = self.layout.build(positions, parts, seq=self.scratch)  # no concatenated copy
         self.seqs.adopt(
             np.asarray(prefix, np.int64), slots, self.scratch, lambda s: self._load(s, blob)
         )
