@@ -33,6 +33,10 @@ logger = logging.getLogger("localradix.kv_tiers")
 SMOOTHING = 0.5  # weight of the newest load-speed measurement
 
 
+class KVUnavailable(RuntimeError):
+    """A runner cannot copy out these slots' KV; the tiers then keep nothing of them."""
+
+
 class KVTransfer(Protocol):
     """A runner's copy of KV between its device buffers and host memory, token-major."""
 
@@ -111,7 +115,11 @@ class KVTiers:
         if not todo:
             return 0
         rows = np.concatenate([slots[i * c : (i + 1) * c] for i in todo])
-        data = self.kv.read(rows)
+        try:
+            data = self.kv.read(rows)
+        except KVUnavailable as exc:  # the tiers are an optimisation: never stop the engine
+            logger.warning("KV cache tiers: not keeping %d tokens (%s)", len(rows), exc)
+            return 0
         for n, i in enumerate(todo):
             parent = digests[i - 1] if i else root_digest(extra_key)
             tokens = np.array(key[i * c : (i + 1) * c], dtype=np.int64)

@@ -385,3 +385,22 @@ def test_sigkill_while_writing_leaves_only_whole_files(tmp_path):
         assert chunk is not None
         assert (chunk.data == (chunk.tokens % 251).astype(np.uint8)[:, None]).all()
     assert tier.stats.corrupt == 0
+
+
+def test_kv_a_runner_cannot_copy_out_is_dropped_not_fatal(tmp_path, caplog):
+    """Eviction goes on when the runner cannot read a leaf's KV (llama.cpp with no sequence
+    holding the whole path): the tiers keep nothing of it and say so."""
+    from localradix.mem.kv_tiers import KVUnavailable
+
+    server = Server(tmp_path, slots=64)
+
+    def refuse(slots):
+        raise KVUnavailable("no sequence holds them")
+
+    server.kv.read = refuse
+    rng = np.random.default_rng(3)
+    with caplog.at_level(logging.WARNING, logger="localradix.kv_tiers"):
+        for _ in range(4):
+            server.prefill(rng.integers(0, 1000, 40))  # evicts: each demotion is refused
+    assert server.tiers.counters.demoted_tokens == 0 and "not keeping" in caplog.text
+    check_invariants(server.pool, server.cache, idle=True)

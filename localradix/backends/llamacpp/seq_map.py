@@ -28,6 +28,8 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from localradix.mem.kv_tiers import KVUnavailable
+
 Evictor = Callable[[int], int]  # evict(n_tokens) -> tokens freed
 T = TypeVar("T")
 
@@ -99,10 +101,12 @@ class SeqMap:
         cells of `slots`, which lie on one cached path; `scratch` is emptied after."""
         positions = self.slot_pos[slots]
         if (positions < 0).any():
-            raise RuntimeError("exporting slots that hold no cell")
-        holder = self._holder(int(slots[np.argmax(positions)]), exclude=-1)
-        if not self.tags[slots, holder].all():
-            raise RuntimeError("exported slots are not all on one cached path")
+            raise KVUnavailable("exporting slots that hold no cell")
+        deepest = int(slots[np.argmax(positions)])
+        holders = [s for s in np.flatnonzero(self.tags[deepest]) if self.tags[slots, s].all()]
+        if not holders:
+            raise KVUnavailable("no llama.cpp sequence holds all of the exported cells")
+        holder = int(holders[0])
         for start, end in _runs(np.sort(positions)):
             self.memory.seq_cp(holder, scratch, start, end)
         try:
