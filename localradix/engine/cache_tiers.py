@@ -74,7 +74,7 @@ def open_tiers(
         logger.info("KV host-memory tier: %.1f GiB", host_bytes / GIB)
     if host is None and disk_tier is None:
         return None
-    return KVTiers(kv, chunk_size(args.page_size), host, disk_tier)
+    return KVTiers(kv, chunk_size(args.page_size), host, disk_tier, page=args.page_size)
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -3,6 +3,10 @@
 Layout: `<root>/<fingerprint>/model.json` says which model a folder is for (the fingerprint
 covers the weights file, backend, KV dtype and layout: a different model, quantization or
 backend never reads another's KV), and `<root>/<fingerprint>/<xx>/<digest>.kv` is one chunk.
+Beside them, `<xx>/<parent>.next` lists the chunks stored after chunk `parent` (a line each:
+digest and tokens), so a prompt that parts from a stored path inside a chunk still finds the
+tokens they share (`children`); lines are appended whole, and a line naming a chunk since
+deleted or damaged is a miss.
 A file is a magic line, a JSON header, the tokens, the KV bytes and a checksum of all of it;
 it is written under a temporary name and renamed into place, so a crash mid-write leaves no
 file a reader loads, and a torn or flipped file fails its checksum: it is skipped with one
@@ -40,6 +44,9 @@ logger = logging.getLogger("localradix.kv_disk")
 MAGIC = b"LRKV\x02\n"
 CHECKSUM_BYTES = 4  # CRC-32: torn writes and flipped bits, at memory speed (blake2b: 5x slower)
 SUFFIX = ".kv"
+CHILDREN_SUFFIX = ".next"
+KEPT_SUFFIXES = (SUFFIX, CHILDREN_SUFFIX, ".tmp")  # what the budget counts and `clear` deletes
+MAX_CHILDREN = 64  # lines of a children list read (the newest): a root's list may grow long
 MODEL_FILE = "model.json"
 STALE_TMP_S = 600  # a temporary file this old was left by a writer that died
 TRIM_TO = 0.9  # past the budget, delete down to this share of it (fewer rescans)
@@ -118,6 +125,23 @@ class DiskTier:
         _touch(path)  # least recently used goes first
         return chunk
 
+    def children(self, parent: bytes) -> list[tuple[bytes, np.ndarray]]:
+        """(digest, tokens) of the chunks stored or queued after `parent`, newest first; the
+        tokens are as listed, unverified (`get` verifies the chunk itself)."""
+        with self._lock:
+            found = [(c.digest, c.tokens) for c in self._pending.values() if c.parent == parent]
+        path = self._children_path(parent)
+        try:
+            lines = path.read_bytes().splitlines()[-MAX_CHILDREN:]
+        except OSError:
+            return found
+        _touch(path)
+        for line in reversed(lines):
+            child = _parse_child(line)
+            if child is not None:
+                found.append(child)
+        return found
+
     def put(self, chunk: KVChunk, wait: bool = False) -> bool:
         """Queue `chunk` for writing; False (dropped) when the writer is too far behind,
         unless `wait` (a shutdown's drain): then wait for it to catch up."""
@@ -174,6 +198,8 @@ class DiskTier:
         _private_dir(path.parent)
         data = self._encode(chunk)
         _write_atomic(path, data)
+        line = chunk.digest.hex() + " " + ",".join(map(str, chunk.tokens.tolist())) + "\n"
+        _append(self._children_path(chunk.parent), line.encode())
         self.stats.files_written += 1
         self.stats.bytes_written += len(data)
         self._total += len(data)
@@ -205,9 +231,12 @@ class DiskTier:
 
     # ---- the file format ----------------------------------------------------------------------
 
-    def _path(self, digest: bytes) -> Path:
+    def _path(self, digest: bytes, suffix: str = SUFFIX) -> Path:
         name = digest.hex()
-        return self.folder / name[:2] / (name + SUFFIX)
+        return self.folder / name[:2] / (name + suffix)
+
+    def _children_path(self, parent: bytes) -> Path:
+        return self._path(parent, CHILDREN_SUFFIX)
 
     def _encode(self, chunk: KVChunk) -> bytes:
         header = json.dumps(
@@ -289,14 +318,15 @@ def stored_models(root: Path) -> list[StoredModel]:
             model = json.loads((folder / MODEL_FILE).read_text())
         except (OSError, ValueError):
             model = {}
-        stats = [s for p, s in _walk(folder) if p.name.endswith(SUFFIX)]
+        kept = list(_walk(folder))  # chunks, their children lists, unfinished writes
+        stats = [s for p, s in kept if p.name.endswith(SUFFIX)]
         times = [s.st_mtime for s in stats]
         out.append(
             StoredModel(
                 folder.name,
                 model,
                 len(stats),
-                sum(s.st_size for s in stats),
+                sum(s.st_size for _, s in kept),
                 max(times, default=0.0),
                 min(times, default=0.0),
             )
@@ -310,7 +340,7 @@ def clear_stored(root: Path, fingerprint: str | None = None) -> int:
     top = root / fingerprint if fingerprint else root
     freed = 0
     for path, stat in list(_walk(top)):
-        if (path.name.endswith(SUFFIX) or path.name.endswith(".tmp")) and _unlink(path):
+        if _unlink(path):
             freed += stat.st_size
     return freed
 
@@ -321,7 +351,7 @@ def clear_stored(root: Path, fingerprint: str | None = None) -> int:
 def _walk(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
     for dirpath, _, names in os.walk(top):
         for name in names:
-            if not (name.endswith(SUFFIX) or name.endswith(".tmp")):
+            if not name.endswith(KEPT_SUFFIXES):
                 continue
             path = Path(dirpath) / name
             try:
@@ -344,6 +374,27 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _append(path: Path, line: bytes) -> None:
+    """Append one whole line (a single write: two servers' lines never interleave)."""
+    _private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _parse_child(line: bytes) -> tuple[bytes, np.ndarray] | None:
+    """A children-list line as (digest, tokens); None for a torn or garbled one."""
+    try:
+        name, tokens = line.split(b" ")
+        digest = bytes.fromhex(name.decode())
+        ids = np.array([int(t) for t in tokens.split(b",")], dtype=np.int64)
+    except ValueError:
+        return None
+    return (digest, ids) if len(digest) == DIGEST_BYTES else None
 
 
 def _checksum(data: bytes | memoryview) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from localradix.mem.kv_chunks import KVChunk
 
 
@@ -18,6 +20,7 @@ class HostTier:
         self.budget = budget_bytes
         self.spill = spill
         self._chunks: OrderedDict[bytes, KVChunk] = OrderedDict()
+        self._children: dict[bytes, dict[bytes, None]] = {}  # parent -> its chunks, in order
         self.bytes = 0
 
     @property
@@ -33,6 +36,10 @@ class HostTier:
             self._chunks.move_to_end(digest)
         return chunk
 
+    def children(self, parent: bytes) -> list[tuple[bytes, np.ndarray]]:
+        """(digest, tokens) of the chunks held that follow `parent`."""
+        return [(d, self._chunks[d].tokens) for d in self._children.get(parent, ())]
+
     def put(self, chunk: KVChunk) -> None:
         if chunk.digest in self._chunks:
             self._chunks.move_to_end(chunk.digest)
@@ -41,18 +48,24 @@ class HostTier:
             self._spill(chunk)
             return
         self._chunks[chunk.digest] = chunk
+        self._children.setdefault(chunk.parent, {})[chunk.digest] = None
         self.bytes += chunk.nbytes
         while self.bytes > self.budget:
-            _, oldest = self._chunks.popitem(last=False)
-            self.bytes -= oldest.nbytes
-            self._spill(oldest)
+            self._spill(self._pop_oldest())
 
     def drain(self) -> Iterator[KVChunk]:
         """Every chunk, oldest first, emptying the tier (a graceful shutdown)."""
         while self._chunks:
-            _, chunk = self._chunks.popitem(last=False)
-            self.bytes -= chunk.nbytes
-            yield chunk
+            yield self._pop_oldest()
+
+    def _pop_oldest(self) -> KVChunk:
+        _, chunk = self._chunks.popitem(last=False)
+        self.bytes -= chunk.nbytes
+        siblings = self._children[chunk.parent]
+        del siblings[chunk.digest]
+        if not siblings:
+            del self._children[chunk.parent]
+        return chunk
 
     def _spill(self, chunk: KVChunk) -> None:
         if self.spill is not None:

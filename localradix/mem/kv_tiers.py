@@ -3,11 +3,14 @@
 The tree holds device KV. When it evicts a leaf, `demote_leaf` copies the KV of the chunks
 that end inside that leaf (the ancestors' slots are still live, so a chunk may straddle them)
 down a tier instead of letting it go; the ancestors' own chunks follow when they are evicted in
-turn. When a request's cached prefix ends short of its prompt, `fetch` walks the prompt's
-chunks past that point through the tiers and returns their KV if loading it back is cheaper
-than prefilling it: decided from the measured load speed and the scheduler's measured prefill
-speed, not a constant (before anything is measured, loading is tried). The caller writes the
-KV into fresh slots and inserts them into the tree, so a tier hit is an ordinary cache hit.
+turn; so does a path's tail shorter than a chunk, as a short chunk. When a request's cached
+prefix ends short of its prompt, `fetch` walks the prompt's chunks past that point through the
+tiers, then takes the leading tokens it shares with a chunk stored after the last one (a
+prompt parts from a stored path anywhere, not on chunk boundaries; a token's KV depends only on
+the tokens before it), and returns their KV if loading it back is cheaper than prefilling it:
+decided from the measured load speed and the scheduler's measured prefill speed, not a
+constant (before anything is measured, loading is tried). The caller writes the KV into fresh
+slots and inserts them into the tree, so a tier hit is an ordinary cache hit.
 
 Everything here is host-side numpy; the runner's `KVTransfer` moves KV between its device
 buffers and the host.
@@ -25,7 +28,7 @@ import numpy as np
 
 from localradix.mem.disk_tier import DiskTier
 from localradix.mem.host_tier import HostTier
-from localradix.mem.kv_chunks import KVChunk, chain, root_digest
+from localradix.mem.kv_chunks import KVChunk, chain, next_digest, root_digest
 from localradix.mem.radix_node import TreeNode
 
 logger = logging.getLogger("localradix.kv_tiers")
@@ -80,10 +83,12 @@ class KVTiers:
         chunk: int,
         host: HostTier | None = None,
         disk: DiskTier | None = None,
+        page: int = 1,
     ) -> None:
         if host is None and disk is None:
             raise ValueError("KVTiers needs a host or a disk tier")
         self.kv, self.chunk, self.host, self.disk = kv, chunk, host, disk
+        self.page = page  # a load ends on a page boundary (the tree holds whole pages)
         if host is not None and disk is not None:
             host.spill = disk.put
         self.counters = TierCounters()
@@ -110,20 +115,25 @@ class KVTiers:
         tier has them already; return the tokens copied."""
         c = self.chunk
         digests = chain(key, extra_key, c)
-        first = start // c
-        todo = [i for i in range(first, len(digests)) if not self._touch(digests[i])]
+        parents = [root_digest(extra_key), *digests]
+        spans = [(i * c, (i + 1) * c, parents[i], digests[i]) for i in range(len(digests))]
+        if len(key) % c:  # the tail: a short chunk
+            tail = len(digests) * c
+            spans.append((tail, len(key), parents[-1], next_digest(parents[-1], key[tail:])))
+        todo = [s for s in spans if s[1] > start and not self._touch(s[3])]
         if not todo:
             return 0
-        rows = np.concatenate([slots[i * c : (i + 1) * c] for i in todo])
+        rows = np.concatenate([slots[begin:end] for begin, end, _, _ in todo])
         try:
             data = self.kv.read(rows)
         except KVUnavailable as exc:  # the tiers are an optimisation: never stop the engine
             logger.warning("KV cache tiers: not keeping %d tokens (%s)", len(rows), exc)
             return 0
-        for n, i in enumerate(todo):
-            parent = digests[i - 1] if i else root_digest(extra_key)
-            tokens = np.array(key[i * c : (i + 1) * c], dtype=np.int64)
-            self._keep(KVChunk(digests[i], parent, tokens, data[n * c : (n + 1) * c]))
+        done = 0
+        for begin, end, parent, digest in todo:
+            tokens = np.array(key[begin:end], dtype=np.int64)
+            self._keep(KVChunk(digest, parent, tokens, data[done : done + end - begin]))
+            done += end - begin
         self.counters.demoted_tokens += len(rows)
         return len(rows)
 
@@ -146,34 +156,64 @@ class KVTiers:
     def fetch(
         self, key: np.ndarray, extra_key: str | None, start: int, prefill_s_per_token: float | None
     ) -> Fetched | None:
-        """KV for `key[start:end]` from the tiers, for the longest run of whole chunks they
-        hold past `start`; None when they hold none or prefilling is measured cheaper."""
+        """KV for `key[start:end]` from the tiers: the run of whole chunks they hold past
+        `start`, then the tokens a chunk stored after those shares with `key` (never its last
+        token, whose logits are computed); None when they hold none or prefilling is measured
+        cheaper."""
         c = self.chunk
         digests = chain(key, extra_key, c)
         first = start // c
         held = first
         while held < len(digests) and self._has(digests[held]):
             held += 1
-        if held == first:
+        parent = digests[held - 1] if held else root_digest(extra_key)
+        rest = key[held * c : len(key) - 1]
+        after = self._longest_child(parent, rest)
+        end = held * c + (after[1] if after else 0)
+        if end <= start:
             return None
-        end = held * c
         if not self._worth_loading(end - start, prefill_s_per_token):
             self.counters.skipped_tokens += end - start
             return None
         started = time.perf_counter()
-        parts, from_disk = [], 0
+        parts: list[np.ndarray] = []
+        from_disk = 0
         for i in range(first, held):
             chunk, on_disk = self._get(digests[i])
             if chunk is None:  # damaged, or deleted by another server meanwhile
+                after = None
                 break
             parts.append(chunk.data)
             from_disk += c * on_disk
+        if after is not None:
+            chunk, on_disk = self._get(after[0])
+            shared = self._shared(chunk.tokens, rest) if chunk is not None else 0
+            if chunk is not None and shared > start - held * c:
+                parts.append(chunk.data[:shared])  # a view
+                from_disk += shared * on_disk
         if not parts:
             return None
-        end = (first + len(parts)) * c
+        end = first * c + sum(len(p) for p in parts)
         parts[0] = parts[0][start - first * c :]  # a view: no copy of a whole prompt's KV
         self.counters.load_seconds += time.perf_counter() - started
         return Fetched(start, end, tuple(parts), min(from_disk, end - start))
+
+    def _longest_child(self, parent: bytes, rest: np.ndarray) -> tuple[bytes, int] | None:
+        """(digest, count) of the chunk held after `parent` whose tokens begin with the most
+        of `rest` (whole pages of them), or None when none shares a page."""
+        best: tuple[bytes, int] | None = None
+        for digest, tokens in self._children(parent):
+            shared = self._shared(tokens, rest)
+            if shared and (best is None or shared > best[1]):
+                best = (digest, shared)
+        return best
+
+    def _shared(self, tokens: np.ndarray, rest: np.ndarray) -> int:
+        """Leading tokens `tokens` and `rest` share, in whole pages."""
+        n = min(len(tokens), len(rest))
+        differ = np.flatnonzero(tokens[:n] != rest[:n])
+        shared = int(differ[0]) if len(differ) else n
+        return shared // self.page * self.page
 
     def write(self, fetched: Fetched, prefix: np.ndarray, slots: np.ndarray) -> None:
         """Put fetched KV into the runner's buffers at `slots` (one per token), after the
@@ -204,6 +244,10 @@ class KVTiers:
         if self.host is not None and self.host.has(digest):
             return True
         return self.disk is not None and self.disk.has(digest)
+
+    def _children(self, parent: bytes) -> list[tuple[bytes, np.ndarray]]:
+        found = self.host.children(parent) if self.host is not None else []
+        return found + (self.disk.children(parent) if self.disk is not None else [])
 
     def _touch(self, digest: bytes) -> bool:
         """Whether a tier holds `digest` (marking it used)."""

@@ -92,8 +92,8 @@ class SlotHandoff:
         slots and inserted into the tree: a tier hit is then an ordinary cache hit)."""
         tiers, key, start = self.tiers, req.all_ids, match.matched_len
         assert tiers is not None
-        if (start // tiers.chunk + 1) * tiers.chunk > len(key) or req.tier_miss_at == start:
-            return match  # no whole chunk past the match, or looked there already
+        if start >= len(key) - 1 or req.tier_miss_at == start:
+            return match  # nothing to load but the last token (always computed), or looked
         started = time.perf_counter()
         fetched = tiers.fetch(key, req.extra_key, start, self.prefill_cost())
         if fetched is None:

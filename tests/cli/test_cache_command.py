@@ -108,7 +108,8 @@ def test_ls_json(store: Path):
 
 def test_clear_one_model_by_name_or_fingerprint(store: Path):
     kept = kv_files(store, "aaaa1111bbbb2222cccc3333")
-    size = sum(p.stat().st_size for p in kv_files(store, "dddd4444eeee5555ffff6666"))
+    stored = (store / "dddd4444eeee5555ffff6666").rglob("*")
+    size = sum(p.stat().st_size for p in stored if p.suffix in (".kv", ".next"))
     r = localradix("cache", "clear", "QWEN3", "--kv-disk-cache", str(store))
     assert r.returncode == 0, r.stderr
     assert (

@@ -13,7 +13,12 @@ from .conftest import bundled_gguf, hf_greedy, random_prompts, requires_mlx
 
 NEW = 8
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
-CHUNK = 32
+
+
+def shared(a: list[int], b: list[int], page: int = 1) -> int:
+    """Leading tokens `a` and `b` have in common, in whole pages: what the tiers give back."""
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n // page * page
 
 
 def engine(folder, disk, **kw) -> Engine:
@@ -54,7 +59,12 @@ def _evict_then_restart(folder, hf, tmp_path, **extra) -> None:
     follow_ups = [p + [5, 6] for p in prompts]
     with engine(folder, tmp_path, **extra) as e:  # a restart: the memory cache starts empty
         results = [e.generate([p], GREEDY)[0] for p in follow_ups]
-        assert [r.cached_tokens for r in results] == [len(p) // CHUNK * CHUNK for p in prompts]
+        # Every token shared with a stored path (prompt and answer), not only whole chunks;
+        # the follow-up's last token is always computed.
+        stored = [p + r.token_ids[:-1] for p, r in zip(prompts, first)]
+        page = extra.get("page_size", 1)
+        expected = [shared(s, f[:-1], page) for s, f in zip(stored, follow_ups)]
+        assert [r.cached_tokens for r in results] == expected
         assert [r.token_ids for r in results] == [hf_greedy(hf, p, NEW) for p in follow_ups]
         batched = e.generate(follow_ups, GREEDY)
         assert [r.token_ids for r in batched] == [r.token_ids for r in results]
@@ -67,7 +77,7 @@ def test_another_model_dtype_or_weights_never_reads_the_kv(tiny_model, tmp_path)
     folder, hf = tiny_model("llama")
     prompt = random_prompts(4, lengths=(300,))[0]
     with engine(folder, tmp_path) as e:
-        e.generate([prompt], GREEDY)
+        answer = e.generate([prompt], GREEDY)[0].token_ids
     retrained = tmp_path / "retrained"  # same name and shapes, other weights
     shutil.copytree(folder, retrained)
     torch.manual_seed(1)
@@ -77,7 +87,8 @@ def test_another_model_dtype_or_weights_never_reads_the_kv(tiny_model, tmp_path)
         with engine(model, tmp_path, **kw) as e:
             assert e.generate([prompt + [9]], GREEDY)[0].cached_tokens == 0
     with engine(folder, tmp_path) as e:  # the model that wrote it still hits
-        assert e.generate([prompt + [9]], GREEDY)[0].cached_tokens == 288  # whole chunks
+        hit = e.generate([prompt + [9]], GREEDY)[0].cached_tokens
+        assert hit == shared(prompt + answer, prompt) == 300
 
 
 def test_a_host_tier_alone_takes_evicted_kv_back(tiny_model, tmp_path):
@@ -104,8 +115,7 @@ def test_llamacpp_cells_round_trip_through_disk(tmp_path):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(300, 49000, n).tolist() for n in (700, 650, 720)]
-    cuts = [len(p) // CHUNK * CHUNK for p in prompts]
+    prompts = [rng.integers(300, 49000, n).tolist() for n in (700, 650, 720)]  # + short tails
     kw = {"backend": "llamacpp", "kv_disk_cache": str(tmp_path), "kv_disk_gib": 1.0}
     gguf = str(bundled_gguf())
 
@@ -116,23 +126,23 @@ def test_llamacpp_cells_round_trip_through_disk(tmp_path):
 
     refs, rows = [], []
     with Engine(gguf, max_total_tokens=4096, **kw) as e:
-        for p, cut in zip(prompts, cuts):
-            e.generate([p[:cut]], SamplingParams(temperature=0, max_new_tokens=1))
-            refs.append(e.generate([p + [5]], GREEDY)[0].token_ids)  # an in-memory hit
-            rows.append(kv_rows(e, p[:cut]))
+        for p in prompts:
+            e.generate([p], SamplingParams(temperature=0, max_new_tokens=1))
+            refs.append(e.generate([p + [5]], GREEDY)[0].token_ids)  # an in-memory hit on p
+            rows.append(kv_rows(e, p))
     with Engine(gguf, max_total_tokens=4096, **kw) as e:  # a restart
         results = [e.generate([p + [5]], GREEDY)[0] for p in prompts]
-        assert [r.cached_tokens for r in results] == cuts
+        assert [r.cached_tokens for r in results] == [len(p) for p in prompts]
         assert [r.token_ids for r in results] == refs
-        for p, cut, before in zip(prompts, cuts, rows):
-            assert np.array_equal(kv_rows(e, p[:cut]), before)
+        for p, before in zip(prompts, rows):
+            assert np.array_equal(kv_rows(e, p), before)
         e.check_invariants(idle=True)
     with Engine(gguf, max_total_tokens=1600, **kw) as e:  # a pool that holds about two
         for filler in (rng.integers(300, 49000, n).tolist() for n in (660, 690)):
             e.generate([filler], GREEDY)  # new prompts: the eviction writes them to disk
         again = e.generate([prompts[0] + [5]], GREEDY)[0]
-        assert again.cached_tokens == cuts[0] and again.token_ids[0] == refs[0][0]
-        assert np.array_equal(kv_rows(e, prompts[0][: cuts[0]]), rows[0])
+        assert again.cached_tokens == len(prompts[0]) and again.token_ids[0] == refs[0][0]
+        assert np.array_equal(kv_rows(e, prompts[0]), rows[0])
         # Later tokens may part at a near-tie of these random-token prompts: llama.cpp's sums
         # run over the unified cache's cells, which other requests laid out differently here.
         assert e.stats().kv_tiers["demoted_tokens"] > 0

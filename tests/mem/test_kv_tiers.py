@@ -246,7 +246,7 @@ class Server:
         self.kv = FakeKV(self.pool.num_slots)
         host = HostTier(host_bytes) if host_bytes else None
         self.disk = disk(tmp_path) if with_disk else None
-        self.tiers = KVTiers(self.kv, CHUNK, host, self.disk)
+        self.tiers = KVTiers(self.kv, CHUNK, host, self.disk, page=page)
         self.cache.on_evict = self.tiers.demote_leaf
 
     def prefill(self, key: np.ndarray) -> int:
@@ -294,7 +294,38 @@ def test_evicted_prefixes_come_back_from_disk_and_after_a_restart(tmp_path):
     for p in prompts:
         assert restarted.prefill(np.concatenate([p, [7, 7, 7]])) == 40
     longer = np.concatenate([prompts[1][:20], rng.integers(0, 1000, 30)])
-    assert restarted.prefill(longer) == 16  # the whole chunks the two share
+    assert restarted.prefill(longer) == 20  # every token the two share, not only whole chunks
+
+
+def test_a_path_parted_from_inside_a_chunk_or_past_its_tail_is_found_whole(tmp_path):
+    """A stored path's tail shorter than a chunk is kept (a short chunk), and a prompt that
+    parts from a stored path inside a chunk gets the tokens they share, after a restart too."""
+    rng = np.random.default_rng(5)
+    stem = rng.integers(0, 1000, 45)  # five whole chunks and a tail of 5
+    server = Server(tmp_path, slots=64)
+    assert server.prefill(stem) == 0
+    server.tiers.close(server.cache.leaf_paths())
+    restarted = Server(tmp_path, slots=64)
+    assert restarted.prefill(np.concatenate([stem, [1, 2]])) == 45
+    for listing in (tmp_path / "kv").rglob("*.next"):  # a torn line, and one naming nothing
+        with listing.open("ab") as f:
+            f.write(b"00ff 1,2,3\n" + b"ab" * 16 + b" 4,5\n" + b"0123")
+    again = Server(tmp_path, slots=64)
+    parted = np.concatenate([stem[:43], [1001, 1002]])
+    assert again.prefill(parted) == 43
+    fresh = Server(tmp_path, slots=64)
+    assert fresh.prefill(stem[:30]) == 29  # all but the last token (its logits are computed)
+    paged = Server(tmp_path, slots=64, page=4)  # the same files, whole pages only
+    assert paged.prefill(parted) == 40
+
+
+def test_a_host_tier_finds_a_parted_prompt_inside_a_chunk(tmp_path):
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 1000, 36) for _ in range(3)]
+    server = Server(tmp_path, slots=40, host_bytes=1 << 20, with_disk=False)
+    for p in prompts:
+        server.prefill(p)
+    assert server.prefill(np.concatenate([prompts[0][:21], [5000]])) == 21
 
 
 def test_a_host_tier_serves_before_disk(tmp_path):
