@@ -23,31 +23,39 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
-import os
 import queue
 import threading
 import time
-import uuid
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from localradix.mem.disk_files import (
+    CHECKSUM_BYTES,
+    CHILDREN_SUFFIX,
+    MODEL_FILE,
+    SUFFIX,
+    append_line,
+    checksum,
+    map_file,
+    parse_child,
+    private_dir,
+    touch,
+    unlink,
+    walk,
+    write_atomic,
+)
+from localradix.mem.disk_files import StoredModel as StoredModel  # (re-exported)
+from localradix.mem.disk_files import clear_stored as clear_stored
+from localradix.mem.disk_files import stored_models as stored_models
 from localradix.mem.kv_chunks import DIGEST_BYTES, KVChunk
 
 logger = logging.getLogger("localradix.kv_disk")
 
 MAGIC = b"LRKV\x02\n"
-CHECKSUM_BYTES = 4  # CRC-32: torn writes and flipped bits, at memory speed (blake2b: 5x slower)
-SUFFIX = ".kv"
-CHILDREN_SUFFIX = ".next"
-KEPT_SUFFIXES = (SUFFIX, CHILDREN_SUFFIX, ".tmp")  # what the budget counts and `clear` deletes
 MAX_CHILDREN = 64  # lines of a children list read (the newest): a root's list may grow long
-MODEL_FILE = "model.json"
 STALE_TMP_S = 600  # a temporary file this old was left by a writer that died
 TRIM_TO = 0.9  # past the budget, delete down to this share of it (fewer rescans)
 QUEUE_BYTES = 256 * 2**20  # demoted KV waiting for the writer; beyond it a demotion is dropped
@@ -80,9 +88,9 @@ class DiskTier:
         self.budget = budget_bytes
         self.queue_bytes = queue_bytes
         self.stats = DiskStats()
-        _private_dir(self.root)
-        _private_dir(self.folder)
-        _write_atomic(self.folder / MODEL_FILE, json.dumps(model, indent=1).encode())
+        private_dir(self.root)
+        private_dir(self.folder)
+        write_atomic(self.folder / MODEL_FILE, json.dumps(model, indent=1).encode())
         self._lock = threading.Lock()
         self._pending: dict[bytes, KVChunk] = {}
         self._pending_bytes = 0
@@ -113,7 +121,7 @@ class DiskTier:
         path = self._path(digest)
         started = time.perf_counter()
         try:
-            raw = _read(path)
+            raw = map_file(path)
         except OSError:
             return None
         chunk = self._decode(raw, digest, path)
@@ -122,7 +130,7 @@ class DiskTier:
         self.stats.files_read += 1
         self.stats.bytes_read += len(raw)
         self.stats.read_seconds += time.perf_counter() - started
-        _touch(path)  # least recently used goes first
+        touch(path)  # least recently used goes first
         return chunk
 
     def children(self, parent: bytes) -> list[tuple[bytes, np.ndarray]]:
@@ -135,9 +143,9 @@ class DiskTier:
             lines = path.read_bytes().splitlines()[-MAX_CHILDREN:]
         except OSError:
             return found
-        _touch(path)
+        touch(path)
         for line in reversed(lines):
-            child = _parse_child(line)
+            child = parse_child(line)
             if child is not None:
                 found.append(child)
         return found
@@ -160,7 +168,7 @@ class DiskTier:
 
     def touch(self, digest: bytes) -> None:
         """Mark a chunk already on disk as just used."""
-        _touch(self._path(digest))
+        touch(self._path(digest))
 
     def flush(self) -> None:
         """Wait until every queued chunk is on disk."""
@@ -193,13 +201,13 @@ class DiskTier:
     def _write(self, chunk: KVChunk) -> None:
         path = self._path(chunk.digest)
         if path.is_file():
-            _touch(path)
+            touch(path)
             return
-        _private_dir(path.parent)
+        private_dir(path.parent)
         data = self._encode(chunk)
-        _write_atomic(path, data)
+        write_atomic(path, data)
         line = chunk.digest.hex() + " " + ",".join(map(str, chunk.tokens.tolist())) + "\n"
-        _append(self._children_path(chunk.parent), line.encode())
+        append_line(self._children_path(chunk.parent), line.encode())
         self.stats.files_written += 1
         self.stats.bytes_written += len(data)
         self._total += len(data)
@@ -210,10 +218,10 @@ class DiskTier:
         """Delete the least recently used files until the root is within budget (and stale
         temporary files); return the bytes left."""
         files, total = [], 0
-        for path, stat in _walk(self.root):
+        for path, stat in walk(self.root):
             if path.name.endswith(".tmp"):
                 if time.time() - stat.st_mtime > STALE_TMP_S:
-                    _unlink(path)
+                    unlink(path)
                 continue
             files.append((stat.st_mtime, stat.st_size, path))
             total += stat.st_size
@@ -224,7 +232,7 @@ class DiskTier:
         for _, size, path in files:
             if total <= target:
                 break
-            if _unlink(path):
+            if unlink(path):
                 total -= size
                 self.stats.deleted += 1
         return total
@@ -256,7 +264,7 @@ class DiskTier:
                 np.ascontiguousarray(chunk.data, dtype=np.uint8).tobytes(),
             )
         )
-        return body + _checksum(body)
+        return body + checksum(body)
 
     def _decode(self, raw: memoryview, digest: bytes, path: Path) -> KVChunk | None:
         try:
@@ -269,14 +277,14 @@ class DiskTier:
             return chunk
         self.stats.corrupt += 1
         logger.warning("KV disk cache: skipping and deleting %s (%s)", path, why)
-        _unlink(path)
+        unlink(path)
         return None
 
     def _parse(self, raw: memoryview, digest: bytes) -> KVChunk:
-        body, checksum = raw[:-CHECKSUM_BYTES], bytes(raw[-CHECKSUM_BYTES:])
+        body, stored = raw[:-CHECKSUM_BYTES], bytes(raw[-CHECKSUM_BYTES:])
         if len(raw) < len(MAGIC) + 4 + CHECKSUM_BYTES or bytes(raw[: len(MAGIC)]) != MAGIC:
             raise ValueError("not a KV chunk file")
-        if _checksum(body) != checksum:
+        if checksum(body) != stored:
             raise ValueError("checksum mismatch: a torn or damaged file")
         start = len(MAGIC) + 4
         end = start + int.from_bytes(body[len(MAGIC) : start], "little")
@@ -292,136 +300,3 @@ class DiskTier:
         if len(parent) != DIGEST_BYTES:
             raise ValueError("bad parent digest")
         return KVChunk(digest, parent, tokens, data.reshape(n, width))
-
-
-# ---- what `localradix cache` shows and clears ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoredModel:
-    fingerprint: str
-    model: dict[str, Any]  # the model.json its server wrote
-    files: int
-    bytes: int
-    newest: float  # mtime of the most recently used chunk (0: none)
-    oldest: float
-
-
-def stored_models(root: Path) -> list[StoredModel]:
-    """Every model folder under `root`, most recently used first."""
-    out = []
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        try:
-            model = json.loads((folder / MODEL_FILE).read_text())
-        except (OSError, ValueError):
-            model = {}
-        kept = list(_walk(folder))  # chunks, their children lists, unfinished writes
-        stats = [s for p, s in kept if p.name.endswith(SUFFIX)]
-        times = [s.st_mtime for s in stats]
-        out.append(
-            StoredModel(
-                folder.name,
-                model,
-                len(stats),
-                sum(s.st_size for _, s in kept),
-                max(times, default=0.0),
-                min(times, default=0.0),
-            )
-        )
-    return sorted(out, key=lambda m: -m.newest)
-
-
-def clear_stored(root: Path, fingerprint: str | None = None) -> int:
-    """Delete every chunk under `root` (or one model's folder); return the bytes freed."""
-    root = Path(root)
-    top = root / fingerprint if fingerprint else root
-    freed = 0
-    for path, stat in list(_walk(top)):
-        if _unlink(path):
-            freed += stat.st_size
-    return freed
-
-
-# ---- files ----------------------------------------------------------------------------------
-
-
-def _walk(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    for dirpath, _, names in os.walk(top):
-        for name in names:
-            if not name.endswith(KEPT_SUFFIXES):
-                continue
-            path = Path(dirpath) / name
-            try:
-                yield path, path.stat()
-            except OSError:
-                continue  # deleted meanwhile (another server's trim)
-
-
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
-def _append(path: Path, line: bytes) -> None:
-    """Append one whole line (a single write: two servers' lines never interleave)."""
-    _private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-
-
-def _parse_child(line: bytes) -> tuple[bytes, np.ndarray] | None:
-    """A children-list line as (digest, tokens); None for a torn or garbled one."""
-    try:
-        name, tokens = line.split(b" ")
-        digest = bytes.fromhex(name.decode())
-        ids = np.array([int(t) for t in tokens.split(b",")], dtype=np.int64)
-    except ValueError:
-        return None
-    return (digest, ids) if len(digest) == DIGEST_BYTES else None
-
-
-def _checksum(data: bytes | memoryview) -> bytes:
-    return zlib.crc32(data).to_bytes(CHECKSUM_BYTES, "little")
-
-
-def _read(path: Path) -> memoryview:
-    """The file's bytes, mapped copy-on-write: the KV arrays view the OS page cache itself
-    (no copy, no fresh memory) and are writable, as torch wants (a write would copy a page,
-    never touch the file)."""
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not size:
-            return memoryview(b"")
-        return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY))
-
-
-def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except OSError:
-        return False
