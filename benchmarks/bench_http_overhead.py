@@ -28,7 +28,7 @@ import numpy as np
 import psutil
 
 from localradix import Engine, SamplingParams
-from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
+from localradix.child_server import ServerProcess, free_port, localradix_argv, localradix_env
 
 WORDS = (
     "cache radix tree prefix token batch schedule decode prefill memory kernel tensor model "

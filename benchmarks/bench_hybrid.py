@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localradix.loader.bundled import find_bundled
 from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+from localradix.store.bundled import find_bundled
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {"agent": 0.35, "chat": 0.9}  # highest wall-time ratio localradix / llama-server
@@ -114,7 +114,7 @@ def _copy_tokenizer(folder: Path) -> None:
 
 def dense_shares(ns: argparse.Namespace, model: Path) -> dict[str, float | None]:
     """localradix alone on the dense control: cached share per workload."""
-    from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
+    from localradix.child_server import ServerProcess, free_port, localradix_argv, localradix_env
 
     port = free_port()
     server = ServerProcess(

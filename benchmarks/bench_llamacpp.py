@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from localradix.bench.launch import ServerProcess, free_port, localradix_argv, localradix_env
+from localradix.child_server import ServerProcess, free_port, localradix_argv, localradix_env
 from localradix.loader import resolve_model
 
 TARGETS = {  # workload -> highest wall-time ratio localradix / llama-server

@@ -26,9 +26,9 @@ from localradix.backends.mlx.runner import MLXRunner
 from localradix.backends.mlx.weights import load_weights
 from localradix.config import ServerArgs
 from localradix.loader import resolve_model
-from localradix.loader.source import ModelSource
 from localradix.sampling_params import SamplingParams
 from localradix.step import ForwardBatch, SamplingBatch
+from localradix.store.source import ModelSource
 
 PROMPT = 32
 

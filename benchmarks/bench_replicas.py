@@ -22,9 +22,9 @@ import time
 
 import httpx
 
-from localradix.bench.launch import ServerProcess, free_port, localradix_env
 from localradix.bench.runner import Endpoint, RunOptions, RunResult, run_workload
 from localradix.bench.workloads import Sizes, build_workload
+from localradix.child_server import ServerProcess, free_port, localradix_env
 from localradix.config import ServerArgs
 from localradix.fleet.gateway import gateway_argv
 

@@ -19,8 +19,8 @@ import argparse
 import ctypes
 import re
 
+from localradix.gguf_file import read_gguf
 from localradix.loader.gguf_config import gguf_model_config
-from localradix.loader.gguf_file import read_gguf
 
 SWA_CELLS = re.compile(r"creating\s+SWA KV cache, size = (\d+) cells")
 

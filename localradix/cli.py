@@ -23,12 +23,12 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {
-    "serve": Command("localradix.server.launch", "add_serve_parser", "run_serve"),
+    "serve": Command("localradix.serve_command", "add_serve_parser", "run_serve"),
     "bench": Command("localradix.bench", "add_bench_parser", "run_bench"),
     "doctor": Command("localradix.doctor", "add_doctor_parser", "run_doctor"),
     "tui": Command("localradix.tui", "add_tui_parser", "run_tui"),
     "up": Command("localradix.tui", "add_up_parser", "run_default"),  # serve + attach the TUI
-    "pull-bundled": Command("localradix.loader.bundled", "add_pull_parser", "run_pull"),
+    "pull-bundled": Command("localradix.store.bundled", "add_pull_parser", "run_pull"),
     "pull": Command("localradix.store.commands", "add_pull_parser", "run_pull"),
     "ls": Command("localradix.store.commands", "add_ls_parser", "run_ls"),
     "rm": Command("localradix.store.commands", "add_rm_parser", "run_rm"),
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warn_namespace_shadow()
     command = COMMANDS[ns.command]
     run = getattr(importlib.import_module(command.module), command.run)
-    from localradix.loader.source import ModelSourceError
+    from localradix.store.source import ModelSourceError
 
     try:
         if ns.command == "up" and getattr(ns, "model", None) is None:
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fetch_bundled() -> None:
-    from localradix.loader.bundled import ensure_bundled
+    from localradix.store.bundled import ensure_bundled
 
     ensure_bundled()
 

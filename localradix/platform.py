@@ -27,9 +27,9 @@ from localradix.resolve import resolve_target as resolve_target  # re-exported (
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.models.config import ModelConfig
     from localradix.runner.base import ModelRunner
+    from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.platform")
 
@@ -138,6 +138,8 @@ class Choice:
     spec: BackendSpec
     availability: Availability
     report: tuple[BackendStatus, ...] = field(default=())
+    # The registered backends that quantize at load (a refusal of --quantize names them).
+    quantizing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ def choose_backend(
     for spec, status in zip(ordered, report, strict=True):
         if status.available:
             assert status.availability is not None
-            return Choice(spec, status.availability, tuple(report + broken))
+            return Choice(spec, status.availability, tuple(report + broken), _quantizing(ordered))
     lines = "; ".join(f"{s.name}: {s.reason}" for s in report + broken)
     raise BackendError(f"no backend is available on this machine ({lines})")
 
@@ -285,7 +287,11 @@ def _choose_named(
     ]
     if not availability.ok:
         raise BackendError(f"backend {requested!r} is not available: {availability.reason}")
-    return Choice(spec, availability, tuple(report + broken))
+    return Choice(spec, availability, tuple(report + broken), _quantizing(ordered))
+
+
+def _quantizing(specs: list[BackendSpec]) -> tuple[str, ...]:
+    return tuple(s.name for s in specs if s.quantizes_at_load)
 
 
 def detect_all() -> list[BackendStatus]:

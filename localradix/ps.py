@@ -10,11 +10,11 @@ import os
 import time
 from typing import Any
 
-from localradix.loader.source import ModelSourceError
+from localradix.store.source import ModelSourceError
 
 
 def add_ps_parser(subparsers: Any) -> None:
-    from localradix.tui import DEFAULT_URL, KEY_ENV, URL_ENV
+    from localradix.tui.env import DEFAULT_URL, KEY_ENV, URL_ENV
 
     p = subparsers.add_parser(
         "ps",

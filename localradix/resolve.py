@@ -96,7 +96,7 @@ def resolve_target(choice: Choice, args: ServerArgs) -> Target:
     if args.quantize not in (AUTO, "off") and not spec.quantizes_at_load:
         raise BackendError(
             f"backend {spec.name!r} cannot honour --quantize {args.quantize}: it keeps the "
-            f"weights as loaded; quantizing at load is supported by {_quantizing_backends()}"
+            f"weights as loaded; quantizing at load is supported by {_named(choice.quantizing)}"
         )
     _check_tp(spec.name, args.tp)
     attention = _attention(spec.name, spec.attention_backend, args.attention)
@@ -140,12 +140,9 @@ def _check_tp(backend: str, tp: int) -> None:
         )
 
 
-def _quantizing_backends() -> str:
-    """The registered backends that honour `--quantize` widths, e.g. "--backend mlx"."""
-    from localradix.platform import backend_specs
-
-    names = [name for name, spec in backend_specs().items() if spec.quantizes_at_load]
-    return " or ".join(f"--backend {n}" for n in names) or "no installed backend"
+def _named(backends: tuple[str, ...]) -> str:
+    """E.g. "--backend mlx": what a refusal suggests instead."""
+    return " or ".join(f"--backend {n}" for n in backends) or "no installed backend"
 
 
 def overlap_wanted(mode: str, device: str) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localradix.bench.launch import localradix_env  # noqa: E402
+from localradix.child_server import localradix_env  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MODES = (("plain", "off"), ("overlap", "on"))

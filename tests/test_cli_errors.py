@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from localradix import cli
-from localradix.loader import bundled
+from localradix.store import bundled
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -57,7 +57,7 @@ def small_bpe() -> _HFAdapter:
 @functools.lru_cache(maxsize=1)
 def bundled():
     try:
-        from localradix.loader.tokenizer import load_tokenizer
+        from localradix.loader.tokenizer_choice import load_tokenizer
 
         return load_tokenizer(None)
     except Exception as exc:  # the loader or the bundled model may be absent

@@ -19,7 +19,7 @@ from readme_blocks import README, REPO, fenced_blocks, inline_code, shell_comman
 
 from localradix import cli
 from localradix.loader import ModelSourceError, resolve_model
-from localradix.loader.bundled import SMOLLM2, offline_message
+from localradix.store.bundled import SMOLLM2, offline_message
 
 tomllib = pytest.importorskip("tomllib")
 

@@ -14,8 +14,8 @@ import psutil
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.platform import Target
+    from localradix.store.source import ModelSource
 
 
 def load_torch_model(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, ...]:

@@ -19,7 +19,12 @@ from typing import Any
 import httpx
 
 from localradix import __version__
-from localradix.bench.launch import (
+from localradix.bench.report import comparisons, failed_run, summarize
+from localradix.bench.runner import Endpoint, RunOptions, make_client, run_workload
+from localradix.bench.table import format_comparisons, format_runs
+from localradix.bench.targets import Target, TargetError, parse_target, unique_labels
+from localradix.bench.workloads import WORKLOADS, Sizes, build_workload
+from localradix.child_server import (
     LaunchError,
     ServerProcess,
     command_argv,
@@ -28,11 +33,6 @@ from localradix.bench.launch import (
     localradix_env,
     port_in_args,
 )
-from localradix.bench.report import comparisons, failed_run, summarize
-from localradix.bench.runner import Endpoint, RunOptions, make_client, run_workload
-from localradix.bench.table import format_comparisons, format_runs
-from localradix.bench.targets import Target, TargetError, parse_target, unique_labels
-from localradix.bench.workloads import WORKLOADS, Sizes, build_workload
 
 SCHEMA_VERSION = 1
 RESULTS_DIR = Path("bench-results")

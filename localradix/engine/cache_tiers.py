@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from localradix.config import ServerArgs
-from localradix.loader.source import ModelSource
 from localradix.mem.disk_tier import DiskTier
 from localradix.mem.host_tier import HostTier
 from localradix.mem.kv_chunks import chunk_size
 from localradix.mem.kv_tiers import KVTiers
 from localradix.mem.tier_settings import GIB, disk_tier_settings
 from localradix.resolve import Target
+from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.engine")
 

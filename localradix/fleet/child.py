@@ -1,7 +1,7 @@
 """One supervised subprocess (a replica or the gateway): started, watched, restarted after an
 exponential backoff when it exits, stopped with the rest of the fleet.
 
-The process runs in its own session (bench.launch.ServerProcess), so a terminal's Ctrl-C
+The process runs in its own session (child_server.ServerProcess), so a terminal's Ctrl-C
 reaches the supervisor only, which then stops every child in order; on Linux a child also gets
 SIGTERM if the supervisor dies without stopping it.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from localradix.bench.launch import LaunchError, ServerProcess
+from localradix.child_server import LaunchError, ServerProcess
 
 logger = logging.getLogger("localradix.fleet")
 

@@ -21,7 +21,7 @@ from types import FrameType
 
 import httpx
 
-from localradix.bench.launch import LaunchError, free_port, localradix_env
+from localradix.child_server import LaunchError, free_port, localradix_env, serve_argv
 from localradix.config import ServerArgs
 from localradix.fleet.child import DEFAULT_BACKOFF, Backoff, Child
 from localradix.fleet.gateway import GatewayMissing, gateway_argv, require_smg
@@ -95,8 +95,6 @@ class Fleet:
 
 
 def _replica(index: int, args: ServerArgs, placement: Placement, backoff: Backoff) -> Child:
-    from localradix.tui.main import serve_argv
-
     port = free_port(WORKER_HOST)
     worker = dataclasses.replace(args, replicas=1, router_policy="cache_aware")
     argv = serve_argv(argparse.Namespace(**dataclasses.asdict(worker)), port)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from localradix.loader.source import ModelSource, ModelSourceError, resolve_model
-from localradix.loader.tokenizer import Tokenizer, load_tokenizer
+from localradix.loader.tokenizer import Tokenizer
+from localradix.loader.tokenizer_choice import load_tokenizer
+from localradix.store.source import ModelSource, ModelSourceError, resolve_model
 
 _LAZY = {
     "load_model": "localradix.loader.model_loader",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localradix.loader.hf import read_config, weight_names
-from localradix.loader.source import ModelSource
+from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.loader")
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from localradix.loader.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from localradix.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from localradix.paths import cache_root
 
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -34,14 +35,6 @@ DIRECT_LOAD_MAX_PARAMS = 1_000_000_000
 # Quantized tensors of models up to this many parameters are cached in float32 (exact);
 # larger ones in float16, to keep the cache (and the loading RAM) at 2 bytes per weight.
 FLOAT32_CACHE_MAX_PARAMS = 2_000_000_000
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("LOCALRADIX_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "localradix"
 
 
 def cache_dir_for(gguf_path: Path) -> Path:

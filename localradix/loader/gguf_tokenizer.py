@@ -16,7 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, processors
 from tokenizers import pre_tokenizers as pre
 
-from localradix.loader.source import ModelSourceError
+from localradix.store.source import ModelSourceError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from localradix.loader.source import ModelSourceError
 from localradix.loader.tokenizer import FIM_TOKEN_KEYS, ChatTokenizer
+from localradix.store.source import ModelSourceError
 
 PIECE_BUFFER = 64  # bytes; longer pieces are fetched again with the size llama.cpp asks for
 # Special ids a GGUF may name, under the keys the chat templates and FIM code read.

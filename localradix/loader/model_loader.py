@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from localradix.loader.embedding import is_bare_model
 from localradix.loader.hf import read_config
-from localradix.loader.source import ModelSource, resolve_model
 from localradix.models.config import ModelConfig
 from localradix.models.registry import get_model_class
+from localradix.store.source import ModelSource, resolve_model
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +31,8 @@ def load_model_config(source: ModelSource | str | None) -> ModelConfig:
     source = _as_source(source)
     if source.kind == "hf":
         return ModelConfig.from_hf_dict(read_config(source.path))
+    from localradix.gguf_file import read_gguf
     from localradix.loader.gguf_config import gguf_model_config
-    from localradix.loader.gguf_file import read_gguf
 
     return gguf_model_config(read_gguf(source.path, tensors=False).metadata)
 

@@ -1,16 +1,9 @@
-"""Tokenizers: the chat-template and prompt rules they share, and the `tokenizers`-backed one.
-
-`load_tokenizer(source)` loads only this (no weights, no torch), for the API process. A Hugging
-Face folder is read with `tokenizers`. A GGUF is tokenized by llama.cpp's own vocabulary code
-(`localradix.loader.llama_vocab`) when llama-cpp-python is installed: that is the only exact
-one. Without it, a GGUF's tokenizer is rebuilt from its metadata (see
-`localradix.loader.gguf_convert`), but only for the kinds it reproduces exactly
-(`gguf_tokenizer.EXACT_REBUILDS`); any other is refused by name.
+"""Tokenizers: the chat-template and prompt rules they share, and the `tokenizers`-backed one
+(`tokenizer_choice.load_tokenizer` picks which tokenizer a model gets).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -20,7 +13,6 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from localradix.loader.chat_template import render_chat_template, select_template
-from localradix.loader.source import ModelSource, resolve_model
 
 # A GGUF's `tokenizer.ggml.fim_*_token_id` as tokenizer_config keys (gguf_tokenizer.py).
 FIM_TOKEN_KEYS = tuple(f"fim_{p}_token" for p in ("pre", "suf", "mid", "pad", "rep", "sep"))
@@ -177,35 +169,6 @@ class Tokenizer(ChatTokenizer):
             special_tokens=specials,
             eos_token_ids=eos_ids,
         )
-
-
-def load_tokenizer(source: ModelSource | str | None) -> ChatTokenizer:
-    """Only the tokenizer of a model (fast; no weights, no torch)."""
-    if not isinstance(source, ModelSource):
-        source = resolve_model(source)
-    if source.kind == "hf":
-        return Tokenizer.from_folder(source.path)
-    if llama_cpp_installed():
-        from localradix.loader.llama_vocab import LlamaVocabTokenizer
-
-        return LlamaVocabTokenizer(source.path)
-    return _rebuilt_gguf_tokenizer(source.path)
-
-
-def llama_cpp_installed() -> bool:
-    """Whether llama-cpp-python is installed (found without importing it: a broken install
-    then fails loudly in LlamaVocabTokenizer rather than falling back to an inexact rebuild)."""
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _rebuilt_gguf_tokenizer(path: Path) -> Tokenizer:
-    """A GGUF's tokenizer rebuilt for `tokenizers`, only where that is exact (else refused)."""
-    from localradix.loader.gguf_convert import ensure_gguf_tokenizer
-    from localradix.loader.gguf_file import read_gguf
-    from localradix.loader.gguf_tokenizer import require_exact_rebuild
-
-    require_exact_rebuild(read_gguf(path, tensors=False).metadata)
-    return Tokenizer.from_folder(ensure_gguf_tokenizer(path))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

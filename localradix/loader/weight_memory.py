@@ -79,7 +79,7 @@ def _nearest_bits(qtype: int) -> int:
 
 
 def _gguf_tensors(path: Path) -> Iterator[Tensor]:
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.gguf_file import read_gguf
 
     for t in read_gguf(path).tensors:
         yield Tensor(t.n_elements, t.data.nbytes, t.qtype, len(t.shape) == 2)

@@ -8,20 +8,18 @@ config are imported at module level, so `--help` stays fast.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from localradix.config import ServerArgs, add_server_args, args_from_namespace
+from localradix.child_server import port_in_use
+from localradix.config import ServerArgs, add_server_args
 
 logger = logging.getLogger("localradix.server")
 
@@ -46,28 +44,6 @@ def add_serve_parser(subparsers: Any) -> None:
         help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
     add_server_args(p, skip=("model",))
-
-
-def run_serve(ns: argparse.Namespace) -> int:
-    args = args_from_namespace(ns)
-    if args.replicas != 1:  # N engines behind the smg gateway, supervised by this process
-        from localradix.fleet.supervisor import run_fleet
-
-        return run_fleet(args)
-    return serve(args)
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether binding `host:port` fails because something listens there (as uvicorn binds:
-    SO_REUSEADDR, so a socket in TIME_WAIT does not count)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
 
 
 def check_serve_args(args: ServerArgs) -> str | None:

@@ -67,7 +67,7 @@ def model_facts(name: str, path: str, context_length: int, architecture: str) ->
 
 
 def _gguf(path: Path, name: str, context_length: int) -> dict[str, Any]:
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.gguf_file import read_gguf
 
     meta = read_gguf(path, tensors=False).metadata
     arch = str(meta.get("general.architecture", "llama"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localradix.loader.source import ModelSource
+from localradix.store.source import ModelSource
 
 if TYPE_CHECKING:
     from localradix.server.model_pool import ModelPool
@@ -27,7 +27,6 @@ class Listed:
 def listed_models(pool: ModelPool, context_length: int | None = None) -> list[Listed]:
     """Loaded models, then the store's others (reads the store: call it in a thread).
     `context_length`: the server's --context-length, which an unloaded model will get."""
-    from localradix.server.model_pool import model_key
     from localradix.store.catalog import describe, scan
 
     entries = scan()
@@ -61,10 +60,17 @@ def served_names(entries: list[StoreEntry]) -> dict[str, str]:
     }
 
 
+def model_key(path: Path) -> str:
+    """One model, however its path is spelled (a snapshot's symlink and its blob agree)."""
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return str(path)
+
+
 def store_source(model: str) -> ModelSource | None:
     """The store model `model` names (alias, ref, repo id, or its path), as a ModelSource
     named as the API lists it; None if it names none (StoreError: it names several)."""
-    from localradix.server.model_pool import model_key
     from localradix.store.catalog import scan
     from localradix.store.lookup import find_entry
 

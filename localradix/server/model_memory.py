@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass
 
 from localradix.config import ServerArgs
-from localradix.loader.source import ModelSource
 from localradix.messages import ModelInfo
+from localradix.store.source import ModelSource
 
 BUDGET_SHARE = 0.75  # default --memory-budget: this share of the device's (or host's) memory
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}

@@ -25,7 +25,7 @@ from localradix.config import ServerArgs
 from localradix.server.core.keep_alive import keep_alive_seconds
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError, bad_request
-from localradix.server.model_list import store_source
+from localradix.server.model_list import model_key, store_source
 from localradix.server.model_memory import MemoryPlan, default_budget, gib, parse_size
 from localradix.server.resident import Resident, State
 from localradix.server.tokenizer_manager import TokenizerManager
@@ -246,14 +246,6 @@ class ModelPool:
 
     def loaded_keys(self) -> set[str]:
         return {r.key for r in self.residents if r.live}
-
-
-def model_key(path: Path) -> str:
-    """One model, however its path is spelled (a snapshot's symlink and its blob agree)."""
-    try:
-        return str(Path(path).resolve())
-    except OSError:
-        return str(path)
 
 
 def check_pool_args(args: ServerArgs) -> str | None:

@@ -45,7 +45,7 @@ PREVIEW_KEYS = {
 
 
 def default_tokenizer(args: ServerArgs) -> Any:
-    from localradix.loader.tokenizer import load_tokenizer
+    from localradix.loader.tokenizer_choice import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     if args.chat_template:

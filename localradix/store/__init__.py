@@ -10,11 +10,6 @@ by the functions that talk to the hub.
 
 from __future__ import annotations
 
-from localradix.loader.source import ModelSourceError
-
-
-class StoreError(ModelSourceError):
-    """A store operation that cannot be done; the message says what to do next."""
-
+from localradix.store.errors import StoreError
 
 __all__ = ["StoreError"]

@@ -11,13 +11,13 @@ import os
 import re
 from pathlib import Path
 
-from localradix.store import StoreError
+from localradix.store.errors import StoreError
 
 ALIAS = re.compile(r"[a-z0-9][a-z0-9._:-]*")
 
 
 def aliases_path() -> Path:
-    from localradix.loader.gguf_convert import cache_root
+    from localradix.paths import cache_root
 
     return cache_root() / "aliases.json"
 

@@ -125,7 +125,7 @@ def folder_entry(repo: str, snapshot: Path, sizes: dict[str, int]) -> StoreEntry
 
 def bundled_entry() -> StoreEntry:
     """The bundled model, listed whether or not it was fetched yet."""
-    from localradix.loader.bundled import SMOLLM2, find_bundled
+    from localradix.store.bundled import SMOLLM2, find_bundled
 
     path = find_bundled(SMOLLM2)
     quant = quant_of(SMOLLM2.file) or "-"
@@ -140,7 +140,7 @@ def describe(entry: StoreEntry) -> ModelFacts | None:
         return None
     try:
         if entry.format == "gguf":
-            from localradix.loader.gguf_file import read_gguf
+            from localradix.gguf_file import read_gguf
 
             meta = read_gguf(entry.path, tensors=False).metadata
             arch = str(meta.get("general.architecture", "?"))

@@ -11,8 +11,8 @@ import json
 import struct
 from pathlib import Path
 
-from localradix.store import StoreError
 from localradix.store.catalog import StoreEntry
+from localradix.store.errors import StoreError
 
 
 def check_entry(entry: StoreEntry) -> None:
@@ -33,7 +33,7 @@ def _check(path: Path, problem: str | None) -> None:
 
 
 def _gguf_problem(path: Path) -> str | None:
-    from localradix.loader.gguf_file import read_gguf_file
+    from localradix.gguf_file import read_gguf_file
 
     try:
         read_gguf_file(path)  # tensor views are cut at the file's end: a short one fails to reshape

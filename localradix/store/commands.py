@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from localradix.store import StoreError
+from localradix.store.errors import StoreError
 
 
 def add_pull_parser(subparsers: Any) -> None:
@@ -32,7 +32,7 @@ def run_pull(ns: argparse.Namespace) -> int:
 
     local = None if "/" in ns.model else find_entry(ns.model)
     if local is not None and local.repo is None:  # the bundled model, by its alias
-        from localradix.loader.bundled import ensure_bundled
+        from localradix.store.bundled import ensure_bundled
 
         print(ensure_bundled())
         return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localradix.store import StoreError
+from localradix.store.errors import StoreError
 
 
 class HubUnreachable(StoreError):

@@ -6,9 +6,9 @@ silent pick; a quant may be given by a unique prefix (`org/name:q8` for Q8_0).
 
 from __future__ import annotations
 
-from localradix.store import StoreError
 from localradix.store.aliases import load_aliases
 from localradix.store.catalog import BUNDLED_REF, StoreEntry, scan
+from localradix.store.errors import StoreError
 from localradix.store.names import split_ref
 
 
@@ -28,7 +28,7 @@ def find_entry(name: str, entries: list[StoreEntry] | None = None) -> StoreEntry
 
 
 def _by_ref(ref: str, entries: list[StoreEntry]) -> list[StoreEntry]:
-    from localradix.loader.bundled import SMOLLM2
+    from localradix.store.bundled import SMOLLM2
 
     if ref.lower() in (BUNDLED_REF, SMOLLM2.name.lower()):
         return [e for e in entries if e.repo is None]

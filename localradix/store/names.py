@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from localradix.store import StoreError
+from localradix.store.errors import StoreError
 
 # llama.cpp's quantization names as they appear in file names: Q4_K_M, IQ2_XXS, Q8_0, BF16, ...
 QUANT = re.compile(

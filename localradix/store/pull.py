@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from localradix.store import StoreError
 from localradix.store.catalog import StoreEntry, repo_dir, snapshot_entries
+from localradix.store.errors import StoreError
 from localradix.store.names import gguf_choices, human_size, is_repo_id, select_choice, split_ref
 
 # The files of a Hugging Face model folder that loading it reads (weights are added by name).

@@ -12,8 +12,8 @@ from typing import Any
 
 __all__ = ["add_tui_parser", "add_up_parser", "run_default", "run_tui"]
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-URL_ENV, KEY_ENV = "LOCALRADIX_URL", "LOCALRADIX_API_KEY"
+from localradix.tui.env import DEFAULT_URL, KEY_ENV, URL_ENV
+
 THEME_CHOICES = ("textual-dark", "textual-light")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from localradix.tui import KEY_ENV
+from localradix.tui.env import KEY_ENV
 
 
 class ApiError(Exception):

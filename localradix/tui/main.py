@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
@@ -18,14 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from localradix.child_server import HOST, ServerProcess, free_port, port_in_use, serve_argv
 from localradix.tui.api import ApiClient
 from localradix.tui.gateway import GatewayFeed
 from localradix.tui.system import SystemProbe, is_local
 
-# Set by serve_and_attach itself (the key travels in the environment, not in argv).
-SERVER_FLAGS_OWNED = ("model", "host", "port", "api_key", "api_key_file")
 LOG_FILE = Path(tempfile.gettempdir()) / "localradix-tui.log"
-HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 SERVER_LOG_PREFIX = "localradix-server-"
 
@@ -77,31 +74,6 @@ def attach(url: str, api_key: str | None = None, theme: str | None = None) -> in
     return 0
 
 
-def serve_argv(ns: argparse.Namespace, port: int) -> list[str]:
-    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P` plus every ServerArgs flag
-    in `ns` that differs from its default."""
-    from localradix.config import ServerArgs
-
-    argv = [sys.executable, "-m", "localradix", "serve"]
-    if getattr(ns, "model", None):
-        argv.append(str(ns.model))
-    argv += ["--host", HOST, "--port", str(port)]
-    for f in dataclasses.fields(ServerArgs):
-        if f.name in SERVER_FLAGS_OWNED or not hasattr(ns, f.name):
-            continue
-        value = getattr(ns, f.name)
-        if value == f.default or value is None or value == ():
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 class ServerHandle:
     """A `localradix serve` subprocess started for the dashboard (pid, exit code, log file);
     `notice` says why it is not on the default port, if it is not."""
@@ -130,9 +102,6 @@ class ServerHandle:
 def choose_port(asked: int | None) -> tuple[int, str | None]:
     """The port to serve on, and a notice when the default one was busy. A port the user
     asked for is never swapped for another: PortBusy if it is taken."""
-    from localradix.bench.launch import free_port
-    from localradix.server.launch import port_in_use
-
     if asked is not None:
         if port_in_use(HOST, asked):
             raise PortBusy(
@@ -161,7 +130,6 @@ def server_api_key(ns: argparse.Namespace) -> str | None:
 def start_server(ns: argparse.Namespace) -> ServerHandle:
     """Start `localradix serve` with the ServerArgs in `ns` without waiting for it: the
     dashboard shows it loading, then attaches. PortBusy if the --port asked for is taken."""
-    from localradix.bench.launch import ServerProcess
     from localradix.server.security import API_KEY_ENV
 
     port, notice = choose_port(getattr(ns, "port", None))

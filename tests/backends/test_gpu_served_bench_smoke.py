@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_served_bench.py"
 def test_served_bench_runs_both_schedulers_on_cpu(tmp_path):
     from transformers import AutoTokenizer
 
-    from localradix.loader.bundled import find_bundled
+    from localradix.store.bundled import find_bundled
 
     gguf = find_bundled()
     if gguf is None:

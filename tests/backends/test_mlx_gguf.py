@@ -58,7 +58,7 @@ def _cache(tmp_path, monkeypatch):
 
 def _reference(path) -> dict[str, np.ndarray]:
     """{HF name: float32 weights} as the torch path reads the file (gguf-py, un-permuted)."""
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.gguf_file import read_gguf
     from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, unpermute_qk
 
     file = read_gguf(path)
@@ -169,7 +169,7 @@ def _bundled():
 def test_bundled_q4_1_stays_quantized_in_memory():
     """Resident weights are about the file's quantized size (Q4_1: 5 bits a weight; here 4
     bits + float32 scale and bias per 32), not the 32 bits a float32 copy would take."""
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.gguf_file import read_gguf
 
     path = _bundled()
     tensors = read_gguf(path).tensors

@@ -25,7 +25,7 @@ def bundled():
 @pytest.fixture(scope="module")
 def sizes(bundled) -> tuple[int, int]:
     """(the GGUF's tensor data bytes, the same weights' float32 bytes)."""
-    from localradix.loader.gguf_file import read_gguf
+    from localradix.gguf_file import read_gguf
 
     tensors = read_gguf(bundled).tensors
     return sum(t.data.nbytes for t in tensors), 4 * sum(t.n_elements for t in tensors)

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from localradix.bench import add_bench_parser, run_bench
-from localradix.bench.launch import localradix_argv, port_in_args
 from localradix.bench.options import build_parser
 from localradix.bench.targets import TargetError, normalize_base_url, parse_target, unique_labels
+from localradix.child_server import localradix_argv, port_in_args
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ import pytest
 from localradix import Engine
 from localradix.engine.tracker import EMBED_PARAMS
 from localradix.loader.embedding import EmbeddingHead, embedding_head
-from localradix.loader.source import resolve_model
 from localradix.messages import Embed, GenerateRequest
 from localradix.sampling_params import SamplingParams
+from localradix.store.source import resolve_model
 
 from .conftest import random_prompts, requires_mlx
 from .embedding_model import reference_embedding, save_embedding_model

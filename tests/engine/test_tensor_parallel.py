@@ -98,8 +98,8 @@ def test_replicated_kv_head_matches_and_a_dead_rank_is_named(llama_kv1):
 def test_gguf_and_unsplittable_models_are_refused_before_any_rank_starts(tiny_model, tmp_path):
     from localradix.backends.torch_device import create_torch_runner
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.resolve import Target
+    from localradix.store.source import ModelSource
 
     folder, _ = tiny_model("llama")
     config = json.loads((folder / "config.json").read_text())

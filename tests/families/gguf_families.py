@@ -143,8 +143,8 @@ def _write_gemma_tokenizer_json(folder: Path) -> None:
 
 def _smollm2_tokenizer_folder() -> Path:
     """tokenizer.json + tokenizer_config.json read from the bundled SmolLM2 GGUF."""
-    from localradix.loader.bundled import ensure_bundled
     from localradix.loader.gguf_convert import ensure_gguf_tokenizer
+    from localradix.store.bundled import ensure_bundled
 
     return ensure_gguf_tokenizer(ensure_bundled())  # fetched once if not on this machine
 

@@ -147,7 +147,7 @@ def test_replica_stats_merge_into_one_fleet_snapshot():
 def test_the_gateway_feed_waits_for_a_gateway_that_is_not_up_yet():
     import asyncio
 
-    from localradix.bench.launch import free_port
+    from localradix.child_server import free_port
     from localradix.tui.feed import Disconnected
     from localradix.tui.gateway import GatewayFeed
 
@@ -168,7 +168,7 @@ def test_a_replica_that_cannot_start_stops_the_fleet_with_its_reason(tmp_path):
     import os
     from pathlib import Path
 
-    from localradix.bench.launch import free_port
+    from localradix.child_server import free_port
 
     missing = tmp_path / "missing.gguf"
     argv = [sys.executable, "-m", "localradix", "serve", str(missing), "--replicas", "2"]
@@ -182,7 +182,7 @@ def test_a_replica_that_cannot_start_stops_the_fleet_with_its_reason(tmp_path):
 
 def test_up_forwards_the_replica_flags_to_the_server_it_starts():
     """`localradix up --replicas 2` starts `serve --replicas 2` and attaches to its gateway."""
-    from localradix.tui.main import serve_argv
+    from localradix.child_server import serve_argv
 
     ns = cli.build_parser().parse_args(["up", "--dp", "2", "--router-policy", "round_robin"])
     argv = serve_argv(ns, 8123)

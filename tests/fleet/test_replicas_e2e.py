@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localradix.bench.launch import free_port
 from localradix.bench.runner import Endpoint, RunOptions, RunResult, run_workload
 from localradix.bench.workloads import Sizes, build_workload
+from localradix.child_server import free_port
 from localradix.config import ServerArgs
 from localradix.fleet.gateway import gateway_argv
 

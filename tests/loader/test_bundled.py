@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from localradix.loader import ModelSourceError, bundled, resolve_model
-from localradix.loader.bundled import BundledModel, BundledModelError, fetch_bundled
+from localradix.loader import ModelSourceError, resolve_model
+from localradix.store import bundled
+from localradix.store.bundled import BundledModel, BundledModelError, fetch_bundled
 
 GGUF_BYTES = b"GGUF" + bytes(range(256)) * 64
 

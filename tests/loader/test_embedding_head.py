@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from localradix.loader.embedding import EmbeddingHead, embedding_head, is_bare_model
-from localradix.loader.source import ModelSource
+from localradix.store.source import ModelSource
 
 ST = "sentence_transformers.models."
 

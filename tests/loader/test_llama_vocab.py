@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 from llama_sdist import llama_cpp_tree, llama_version
 
-from localradix.loader import tokenizer as tokenizer_module
-from localradix.loader.bundled import find_bundled
-from localradix.loader.gguf_file import read_gguf
+from localradix.gguf_file import read_gguf
+from localradix.loader import tokenizer_choice as tokenizer_module
 from localradix.loader.gguf_tokenizer import (
     EXACT_REBUILDS,
     build_gguf_tokenizer,
     require_exact_rebuild,
 )
-from localradix.loader.source import ModelSourceError
-from localradix.loader.tokenizer import Tokenizer, load_tokenizer
+from localradix.loader.tokenizer import Tokenizer
+from localradix.loader.tokenizer_choice import load_tokenizer
+from localradix.store.bundled import find_bundled
+from localradix.store.source import ModelSourceError
 
 from .test_vocab_vectors import VOCABS, read_vectors
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from localradix import Engine, SamplingParams
-from localradix.loader.bundled import ensure_bundled
-from localradix.loader.gguf_file import read_gguf
+from localradix.gguf_file import read_gguf
+from localradix.store.bundled import ensure_bundled
 
 gguf = pytest.importorskip("gguf")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from llama_sdist import llama_cpp_tree, llama_version
 
-from localradix.loader.gguf_file import read_gguf
+from localradix.gguf_file import read_gguf
 
 if llama_version() is None:
     pytest.skip("llama-cpp-python is not installed", allow_module_level=True)

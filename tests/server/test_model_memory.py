@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from localradix.config import ServerArgs
-from localradix.loader.source import ModelSource
 from localradix.messages import ModelInfo
 from localradix.server.model_memory import BudgetError, default_budget, parse_size, plan_memory
 from localradix.server.model_pool import check_pool_args
+from localradix.store.source import ModelSource
 
 MiB = 1024**2
 
@@ -50,7 +50,7 @@ def test_serve_refuses_unusable_pool_flags(changes, problem):
 
 
 def test_the_plan_holds_the_weights_and_a_kv_pool_sized_to_the_room():
-    from localradix.loader.bundled import ensure_bundled
+    from localradix.store.bundled import ensure_bundled
 
     gguf = ensure_bundled()
     source = ModelSource(gguf, "gguf", "smol")

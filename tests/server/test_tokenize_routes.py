@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from localradix.loader.bundled import find_bundled
+from localradix.store.bundled import find_bundled
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def test_messages_are_the_ids_the_chat_route_counts(server, client, model):
     chat = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1)
     assert chat.usage.prompt_tokens == len(ids)
     # The same text through the template by hand, tokenized as a prompt: the same ids.
-    from localradix.loader.tokenizer import load_tokenizer
+    from localradix.loader.tokenizer_choice import load_tokenizer
 
     tok = load_tokenizer(None)
     rendered = tok.apply_chat_template(QUESTION, add_generation_prompt=True)

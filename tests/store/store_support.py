@@ -26,7 +26,7 @@ SHARDS = ("Tiny-2M-Q8_0-00001-of-00002.gguf", "Tiny-2M-Q8_0-00002-of-00002.gguf"
 
 
 def bundled_gguf() -> Path:
-    from localradix.loader.bundled import ensure_bundled
+    from localradix.store.bundled import ensure_bundled
 
     return ensure_bundled()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tui_fakes import screen_text
 
+from localradix import child_server
 from localradix.tui import main
 
 SERVER_TESTS = Path(__file__).resolve().parents[1] / "server"
@@ -87,7 +88,7 @@ def test_the_api_key_goes_to_the_server_by_environment_not_argv(tmp_path, monkey
     key_file = tmp_path / "key"
     key_file.write_text("from-a-file\n")
     ns = argparse.Namespace(model=None, port=None, api_key=None, api_key_file=str(key_file))
-    argv = main.serve_argv(ns, 8123)
+    argv = child_server.serve_argv(ns, 8123)
     assert "--api-key-file" not in argv and "--api-key" not in argv
     assert main.server_api_key(ns) == "from-a-file"
     monkeypatch.setenv("LOCALRADIX_API_KEY", "from-env")

@@ -165,7 +165,7 @@ def test_parsers():
                             "textual-light"])  # fmt: skip
     assert ns.func.__name__ == "run_default"
 
-    from localradix.tui.main import serve_argv
+    from localradix.child_server import serve_argv
 
     argv = serve_argv(ns, 4321)
     assert argv[1:6] == ["-m", "localradix", "serve", "m.gguf", "--host"]

@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.mem.kv_pool import KVPool
     from localradix.platform import Target
+    from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
 
@@ -328,8 +328,8 @@ def _config(llama: Any, model: Any, recurrent_path: Path | None) -> ModelConfig:
     """What the engine needs to know of the model, from llama.cpp (any architecture); for a
     model with recurrent layers, which layers keep KV, from the file's metadata (read only
     then: the header holds the whole vocabulary)."""
+    from localradix.gguf_file import read_gguf
     from localradix.loader.gguf_config import gguf_model_config
-    from localradix.loader.gguf_file import read_gguf
 
     kv_layers = None
     if recurrent_path is not None:

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from localradix.backends.mlx.quant import AFFINE_BITS, Quantized, QuantSpec, quantize
-from localradix.loader.gguf_file import GGUFTensor, read_gguf
+from localradix.gguf_file import GGUFTensor, read_gguf
 from localradix.loader.gguf_metadata import hf_tensor_name, qk_heads, unpermute_qk
 
 logger = logging.getLogger("localradix.runner")

@@ -21,8 +21,8 @@ import mlx.core as mx
 from localradix.backends.mlx.quant import Quantized, QuantSpec, quantize
 from localradix.loader.embedding import is_bare_model
 from localradix.loader.hf import read_config
-from localradix.loader.source import ModelSource
 from localradix.models.config import ModelConfig
+from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
 

@@ -9,8 +9,8 @@ from localradix.backends.cuda.runner import HALF_DTYPES, create_device_runner
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.platform import Target
+    from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
 

@@ -22,8 +22,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.step import ForwardBatch
+    from localradix.store.source import ModelSource
 
 STOP_TIMEOUT_S = 10.0  # a stopped worker exits within this, or is killed
 POLL_S = 0.05

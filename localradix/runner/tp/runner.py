@@ -23,8 +23,8 @@ from localradix.step import ForwardBatch
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs
-    from localradix.loader.source import ModelSource
     from localradix.platform import Target
+    from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
 

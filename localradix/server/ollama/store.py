@@ -61,7 +61,7 @@ async def pull_model(request: Request[Any, Any, Any]) -> Response[Any]:
     responses=errors(OllamaError, (400, 401, 404, 409, 413)),
 )
 async def delete_model(request: Request[Any, Any, Any]) -> Response[Any]:
-    from localradix.server.model_pool import model_key
+    from localradix.server.model_list import model_key
     from localradix.store.remove import remove_model
 
     body = decode(await request.body() or b"{}", DeleteBody)

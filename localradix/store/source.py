@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-
-class ModelSourceError(ValueError):
-    """The model spec names nothing loadable; the message says what to do."""
+from localradix.store.errors import ModelSourceError as ModelSourceError  # (re-exported)
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> ModelSource:
 
 def bundled_model() -> ModelSource:
     """The bundled SmolLM2-135M-Instruct GGUF, downloaded on first use."""
-    from localradix.loader.bundled import SMOLLM2, ensure_bundled
+    from localradix.store.bundled import SMOLLM2, ensure_bundled
 
     return ModelSource(ensure_bundled(), "gguf", SMOLLM2.name)
 

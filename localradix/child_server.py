@@ -1,4 +1,6 @@
-"""Start a server for a benchmark run, wait until it answers, and stop it afterwards.
+"""A `localradix serve` child process, as the benchmarks, the dashboard (`up`) and the replica
+supervisor (`--replicas`) start one: its command line (built here only), environment and port;
+started, waited for until it answers, and stopped.
 
 The server runs in its own session (process group) so that stopping it also stops the worker
 processes it spawned: SIGINT first (a clean shutdown), then SIGTERM, then SIGKILL.
@@ -6,6 +8,9 @@ processes it spawned: SIGINT first (a clean shutdown), then SIGTERM, then SIGKIL
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import errno
 import os
 import shlex
 import signal
@@ -31,13 +36,57 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+HOST = "127.0.0.1"
+# Flags the starter sets itself (an API key travels in the environment, never in argv: `ps`).
+SERVER_FLAGS_OWNED = ("model", "host", "port", "api_key", "api_key_file")
+
+
+def serve_argv(ns: argparse.Namespace, port: int) -> list[str]:
+    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P` plus every ServerArgs flag
+    in `ns` that differs from its default."""
+    from localradix.config import ServerArgs
+
+    flags: list[str] = []
+    for f in dataclasses.fields(ServerArgs):
+        if f.name in SERVER_FLAGS_OWNED or not hasattr(ns, f.name):
+            continue
+        value = getattr(ns, f.name)
+        if value == f.default or value is None or value == ():
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag)
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return _serve(getattr(ns, "model", None), port, flags)
+
+
 def localradix_argv(server_args: tuple[str, ...], port: int, model: str | None) -> list[str]:
-    """`python -m localradix serve [MODEL] --host 127.0.0.1 --port P ARGS`, with the disk
-    tier off unless ARGS set it: KV an earlier run left on disk would make cold requests hits."""
-    head = [sys.executable, "-m", "localradix", "serve", *([model] if model else [])]
+    """A benchmark's server: `serve [MODEL] --host 127.0.0.1 --port P ARGS`, with the disk tier
+    off unless ARGS set it: KV an earlier run left on disk would make cold requests hits."""
     given = any(a.split("=")[0] == "--kv-disk-cache" for a in server_args)
     disk = [] if given else ["--kv-disk-cache", "off"]
-    return [*head, "--host", "127.0.0.1", "--port", str(port), *disk, *server_args]
+    return _serve(model, port, [*disk, *server_args])
+
+
+def _serve(model: str | None, port: int, flags: list[str]) -> list[str]:
+    head = [sys.executable, "-m", "localradix", "serve", *([str(model)] if model else [])]
+    return [*head, "--host", HOST, "--port", str(port), *flags]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding `host:port` fails because something listens there (as uvicorn binds:
+    SO_REUSEADDR, so a socket in TIME_WAIT does not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def localradix_env() -> dict[str, str]:

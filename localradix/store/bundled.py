@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localradix.loader.source import ModelSourceError
+from localradix.store.errors import ModelSourceError
 
 logger = logging.getLogger("localradix.bundled")
 
@@ -70,7 +70,7 @@ class BundledModelError(ModelSourceError):
 
 def models_dir() -> Path:
     """localradix's own model folder: `<cache root>/models`."""
-    from localradix.loader.gguf_convert import cache_root
+    from localradix.paths import cache_root
 
     return cache_root() / "models"
 
