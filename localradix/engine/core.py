@@ -91,6 +91,9 @@ def _with_overlap(runner: Any, wanted: bool, args: ServerArgs, backend: str) -> 
     if not hasattr(runner, "logits"):
         logger.warning("overlap scheduling needs a torch runner: %s runs without it", backend)
         return runner
+    if getattr(runner, "snapshots", None) is not None:  # taken after each step, not ahead
+        logger.info("Overlap scheduling off: the model's recurrent state is snapshotted per step")
+        return runner
     from localradix.runner.overlap import OverlapRunner
 
     logger.info("Overlap scheduling on: batch N+1 is prepared while batch N runs")

@@ -8,9 +8,15 @@ metadata (see `localradix.loader.gguf`, which first writes an HF-style dict). Im
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from localradix.models.rope_scaling import (
+    RopeScaling,
+    json_tuples,
+    longrope_scaling,
+    yarn_scaling,
+)
 
 # HF `model_type` -> the `architectures` name used when a config lists none.
 MODEL_TYPE_ARCHITECTURES = {
@@ -23,60 +29,11 @@ MODEL_TYPE_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """RoPE frequency scaling. rope_type: "default", "linear", "llama3" or "longrope"."""
-
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0  # llama3 only
-    high_freq_factor: float = 4.0  # llama3 only
-    original_max_position_embeddings: int = 8192  # llama3; longrope: where long factors start
-    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors below that length
-    long_factor: tuple[float, ...] = ()  # longrope: ... and from it on
-    attention_factor: float = 1.0  # longrope: multiplies cos and sin (resolved by from_hf_dict)
-
-    @staticmethod
-    def from_hf(params: dict[str, Any] | None) -> RopeScaling:
-        if not params:
-            return RopeScaling()
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type == "su":  # Phi-3's first name for longrope
-            rope_type = "longrope"
-        known = {f.name for f in dataclasses.fields(RopeScaling)} - {"rope_type"}
-        values = {k: v for k, v in params.items() if k in known and v is not None}
-        return RopeScaling(rope_type=rope_type, **_tuples(values))
-
-
-def _tuples(values: dict[str, Any]) -> dict[str, Any]:
-    """Lists (from JSON) as tuples, so the frozen configs stay hashable and compare equal."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-
-
-def _longrope(scaling: RopeScaling, params: dict[str, Any], d: dict[str, Any]) -> RopeScaling:
-    """What transformers' `_compute_longrope_parameters` derives: the pretraining length (a
-    top-level key wins, as Phi-3 saves it there) and the cos/sin scale, from the length ratio
-    unless the checkpoint gives `factor` or `attention_factor` itself."""
-    original = int(
-        d.get("original_max_position_embeddings")
-        or params.get("original_max_position_embeddings")
-        or d.get("max_position_embeddings", 2048)
-    )
-    factor = params.get("factor")
-    if factor is None:
-        factor = d.get("max_position_embeddings", 2048) / original
-    attention = params.get("attention_factor")
-    if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return dataclasses.replace(
-        scaling,
-        factor=float(factor),
-        original_max_position_embeddings=original,
-        attention_factor=float(attention),
-    )
 
 
 def _rope_layers(d: dict[str, Any], model_type: str) -> tuple[bool, ...]:
@@ -134,6 +91,19 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power, not D's
     final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0 = none
     attn_logit_softcap: float = 0.0  # the same on attention scores (Gemma 2; not applied)
+    # Qwen3.5 hybrids (models/qwen3_5.py): gated delta-net linear attention beside full attention
+    linear_layers: tuple[bool, ...] = ()  # per layer: a gated delta-net? () = none
+    linear_conv_kernel: int = 0  # its causal depthwise conv's width
+    linear_key_heads: int = 0  # q/k heads (each serves value_heads / key_heads value heads)
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    attn_output_gate: bool = False  # full attention's q_proj also gives a sigmoid output gate
+    shared_expert_size: int = 0  # Qwen3.5-MoE: a gated SwiGLU beside the experts (0 = none)
+    # gpt-oss (models/gpt_oss.py)
+    attention_sinks: bool = False  # a learned logit per head joins every softmax denominator
+    swiglu_limit: float = 0.0  # experts clamp gate (above) and up (both sides); 0 = plain SwiGLU
+    swiglu_alpha: float = 1.0  # ... then (up + 1) * gate * sigmoid(alpha * gate)
 
     @property
     def q_size(self) -> int:
@@ -176,11 +146,16 @@ class ModelConfig:
             "sliding-window attention layers": bool(self.layer_windows()),
             "Gemma (1 + weight) norms and embedding scale": self.offset_norms,
             "logit soft-capping": bool(self.final_logit_softcap or self.attn_logit_softcap),
+            "gated delta-net linear attention layers": any(self.linear_layers),
+            "YaRN RoPE scaling": self.rope_scaling.rope_type == "yarn",
+            "attention sinks": self.attention_sinks,
+            "clamped SwiGLU experts with biases (gpt-oss)": bool(self.swiglu_limit),
         }
         return [name for name, needed in found.items() if needed]
 
     @staticmethod
     def from_hf_dict(d: dict[str, Any]) -> ModelConfig:
+        d = _text_model(d)
         model_type = d.get("model_type", "llama")
         archs = d.get("architectures") or [MODEL_TYPE_ARCHITECTURES.get(model_type, "")]
         heads = d["num_attention_heads"]
@@ -191,7 +166,9 @@ class ModelConfig:
         if model_type == "phi3" and rope_scaling.rope_type == "yarn":
             rope_scaling = dataclasses.replace(rope_scaling, rope_type="longrope")  # as HF does
         if rope_scaling.rope_type == "longrope":
-            rope_scaling = _longrope(rope_scaling, scaling, d)
+            rope_scaling = longrope_scaling(rope_scaling, scaling, d)
+        if rope_scaling.rope_type == "yarn":
+            rope_scaling = yarn_scaling(rope_scaling, scaling, d)
         partial = scaling.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
@@ -203,7 +180,7 @@ class ModelConfig:
             model_type=model_type,
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
+            intermediate_size=d.get("intermediate_size") or 0,  # (Qwen3.5-MoE: none)
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=d.get("num_key_value_heads") or heads,
@@ -237,6 +214,10 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
         )
+        if model_type == "gpt_oss":
+            return _gpt_oss(config, d)
+        if model_type in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
+            return _qwen3_5(config, d)
         return _gemma3(config, d) if model_type == "gemma3_text" else config
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,11 +227,12 @@ class ModelConfig:
     def from_dict(d: dict[str, Any]) -> ModelConfig:
         """Inverse of `to_dict` (used by the GGUF conversion cache)."""
         values = dict(d)
-        values["rope_scaling"] = RopeScaling(**_tuples(values.get("rope_scaling", {})))
+        values["rope_scaling"] = RopeScaling(**json_tuples(values.get("rope_scaling", {})))
         values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
         values["rope_layers"] = tuple(values.get("rope_layers", ()))
         values["mlp_only_layers"] = tuple(values.get("mlp_only_layers", ()))
         values["windows"] = tuple(values.get("windows", ()))
+        values["linear_layers"] = tuple(values.get("linear_layers", ()))
         return ModelConfig(**values)
 
 
@@ -296,4 +278,108 @@ def _gemma3(config: ModelConfig, d: dict[str, Any]) -> ModelConfig:
         hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
         tie_word_embeddings=d.get("tie_word_embeddings", True),
         qk_norm=True,
+    )
+
+
+def _gpt_oss(config: ModelConfig, d: dict[str, Any]) -> ModelConfig:
+    """gpt-oss, as transformers' `GptOssConfig` reads its config.json: alternating sliding-window
+    and full layers (`layer_types`, else sliding first), q/k/v/o biases, attention sinks, YaRN
+    RoPE (its defaults when the config gives none), experts on every layer (top-k of 4 by
+    default) with a clamped SwiGLU."""
+    layers = config.num_hidden_layers
+    types = d.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)
+    ]
+    window = int(d.get("sliding_window") or 0)
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types[:layers])
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    scaling = config.rope_scaling
+    if not rope:  # no RoPE given: transformers' default YaRN
+        scaling = yarn_scaling(RopeScaling.from_hf(_GPT_OSS_YARN), _GPT_OSS_YARN, d)
+    theta = rope.get("rope_theta", d.get("rope_theta", 150000.0))
+    return dataclasses.replace(
+        config,
+        windows=windows if any(windows) else (),
+        sliding_window=None,  # (Mistral's unapplied field: `windows` are applied)
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        attention_bias=bool(d.get("attention_bias", True)),
+        attention_sinks=True,
+        num_experts_per_tok=int(d.get("num_experts_per_tok") or 4),
+        norm_topk_prob=False,  # (its router takes a softmax over the top-k logits instead)
+        swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+        swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
+    )
+
+
+_GPT_OSS_YARN = {  # transformers' GptOssConfig default RoPE
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
+
+_MULTIMODAL = {  # model_type -> architecture of checkpoints whose text model is served alone
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
+
+
+def _text_model(d: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal Qwen3.5 checkpoint's `text_config` (its vision tower is not loaded), under
+    the checkpoint's architecture; any other config as it is."""
+    text = d.get("text_config")
+    if d.get("model_type") not in _MULTIMODAL or not isinstance(text, dict):
+        return d
+    return {
+        **text,
+        "architectures": d.get("architectures") or [_MULTIMODAL[d["model_type"]]],
+        "tie_word_embeddings": bool(d.get("tie_word_embeddings", text.get("tie_word_embeddings"))),
+        "eos_token_id": text.get("eos_token_id", d.get("eos_token_id")),
+    }
+
+
+def _qwen3_5(config: ModelConfig, d: dict[str, Any]) -> ModelConfig:
+    """Qwen3.5's text model, as transformers' `Qwen3_5TextConfig` reads its config.json:
+    per-layer `layer_types` (else every `full_attention_interval`-th layer full attention, the
+    others gated delta-nets), the delta-nets' sizes, RoPE on a quarter of each head unless
+    `partial_rotary_factor` says otherwise, zero-centred (1 + w) norms, full attention with q/k
+    norm and an output gate. Only full-attention layers keep KV (`kv_layers`). Qwen3.5-MoE
+    (`Qwen3_5MoeTextConfig`): experts on every layer (their top-k weights renormalised) beside
+    a shared expert, and no dense MLP. Qwen3-Next (`Qwen3NextConfig`): the same blocks, its
+    experts where Qwen3-MoE's rule puts them (dense MLPs elsewhere), `norm_topk_prob`."""
+    layers = config.num_hidden_layers
+    types = d.get("layer_types")
+    if types is None:
+        interval = int(d.get("full_attention_interval") or 4)
+        types = [
+            "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)
+        ]
+    linear = tuple(t == "linear_attention" for t in types[:layers])
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    partial = rope.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 0.25
+    moe, next_ = config.num_experts > 0, config.model_type == "qwen3_next"
+    shared = int(d.get("shared_expert_intermediate_size") or 0) if moe else 0
+    top_k = int(d.get("num_experts_per_tok") or (10 if next_ else 8)) if moe else 0
+    return dataclasses.replace(
+        config,
+        intermediate_size=int(d.get("intermediate_size") or shared),
+        shared_expert_size=shared,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=moe and bool(d.get("norm_topk_prob", True) if next_ else True),
+        linear_layers=linear if any(linear) else (),
+        kv_layers=max(layers - sum(linear), 1),
+        linear_conv_kernel=int(d.get("linear_conv_kernel_dim") or 4),
+        linear_key_heads=int(d.get("linear_num_key_heads") or 16),
+        linear_value_heads=int(d.get("linear_num_value_heads") or 32),
+        linear_key_head_dim=int(d.get("linear_key_head_dim") or 128),
+        linear_value_head_dim=int(d.get("linear_value_head_dim") or 128),
+        attn_output_gate=True,
+        partial_rotary_factor=float(partial),
+        qk_norm=True,
+        offset_norms=True,
+        sliding_window=None,
     )

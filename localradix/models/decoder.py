@@ -51,6 +51,8 @@ def _rotation(config: ModelConfig, layer_id: int) -> Rotation | None:
 
 
 class DecoderLayer(nn.Module):
+    moe_class: type[MoEBlock] = MoEBlock  # (a family's own experts: models/gpt_oss.py)
+
     def __init__(
         self, config: ModelConfig, layer_id: int, new: _Factory, tp: TPComm = SINGLE
     ) -> None:
@@ -74,7 +76,7 @@ class DecoderLayer(nn.Module):
         self.qk_norm_weight: torch.Tensor | None = None  # [Hq + Hkv, D], built by finalize()
         self.o_weight = new(c.hidden_size, c.q_size)
         self.post_norm = new(c.hidden_size)
-        self.moe = MoEBlock(c, new) if c.uses_moe(layer_id) else None  # else a dense MLP:
+        self.moe = self.moe_class(c, new) if c.uses_moe(layer_id) else None  # else dense:
         dense = self.moe is None
         self.gate_up_weight = new(2 * c.intermediate_size, c.hidden_size) if dense else None
         self.down_weight = new(c.hidden_size, c.intermediate_size) if dense else None

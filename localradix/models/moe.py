@@ -19,6 +19,10 @@ alone, by one of two exact formulations:
   Unselected experts' activations are replaced by 0 (not multiplied by it) before the down
   projection: one overflowing to inf in float16 would otherwise give NaN where transformers
   never computes it.
+
+A subclass may change the routing (`route`) and the activation (`activate`), and give the
+router and the experts biases (`biases=True`: `router_bias` [E], `gate_up_bias` [E, 2I],
+`down_bias` [E, H]): gpt-oss's (`models/gpt_oss.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from localradix.models.config import ModelConfig
 
 
 class MoEBlock(nn.Module):
-    def __init__(self, config: ModelConfig, new: Callable[..., nn.Parameter]) -> None:
+    def __init__(
+        self, config: ModelConfig, new: Callable[..., nn.Parameter], biases: bool = False
+    ) -> None:
         super().__init__()
         c = config
         self.num_experts, self.top_k = c.num_experts, c.num_experts_per_tok
@@ -41,8 +47,11 @@ class MoEBlock(nn.Module):
         self.norm_topk_prob = c.norm_topk_prob
         self.round_weights = c.model_type != "mixtral"  # Qwen3-MoE: weights in activation dtype
         self.router_weight = new(c.num_experts, c.hidden_size)
+        self.router_bias = new(c.num_experts) if biases else None
         self.gate_up_weight = new(c.num_experts, 2 * c.moe_intermediate_size, c.hidden_size)
         self.down_weight = new(c.num_experts, c.hidden_size, c.moe_intermediate_size)
+        self.gate_up_bias = new(c.num_experts, 2 * c.moe_intermediate_size) if biases else None
+        self.down_bias = new(c.num_experts, c.hidden_size) if biases else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, k], expert ids [T, k]), as transformers' router."""
@@ -53,6 +62,11 @@ class MoEBlock(nn.Module):
         if self.round_weights:
             weights = weights.to(x.dtype)
         return weights, ids
+
+    def activate(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., 2I] gate and up projections -> [..., I]: SwiGLU."""
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (post-attention-normed) -> [T, H]."""
@@ -70,9 +84,12 @@ class MoEBlock(nn.Module):
             tokens, k, 2 * self.intermediate, -1
         )
         h = torch.matmul(gate_up, x[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
-        gate, up = h.chunk(2, dim=-1)
+        if self.gate_up_bias is not None:
+            h = h + self.gate_up_bias.index_select(0, flat).view(tokens, k, -1)
         down = self.down_weight.index_select(0, flat).view(tokens, k, -1, self.intermediate)
-        y = torch.matmul(down, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [T, k, H]
+        y = torch.matmul(down, self.activate(h).unsqueeze(-1)).squeeze(-1)  # [T, k, H]
+        if self.down_bias is not None:
+            y = y + self.down_bias.index_select(0, flat).view(tokens, k, -1)
         return (y * weights.unsqueeze(-1)).sum(dim=1)
 
     def _dense(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -80,8 +97,10 @@ class MoEBlock(nn.Module):
         routing = weights.new_zeros(tokens, experts).scatter_(1, ids, weights)  # [T, E]
         chosen = torch.zeros_like(routing, dtype=torch.bool).scatter_(1, ids, True)
         all_experts = self.gate_up_weight.view(experts * 2 * self.intermediate, -1)
-        h = F.linear(x, all_experts).view(tokens, experts, 2 * self.intermediate)
-        gate, up = h.chunk(2, dim=-1)
-        act = torch.where(chosen[:, :, None], F.silu(gate) * up, 0.0).transpose(0, 1)  # [E,T,I]
+        bias = None if self.gate_up_bias is None else self.gate_up_bias.view(-1)
+        h = F.linear(x, all_experts, bias).view(tokens, experts, 2 * self.intermediate)
+        act = torch.where(chosen[:, :, None], self.activate(h), 0.0).transpose(0, 1)  # [E,T,I]
         y = torch.bmm(act, self.down_weight.transpose(1, 2))  # [E, T, H]
+        if self.down_bias is not None:
+            y = y + self.down_bias.unsqueeze(1)
         return (y * routing.t().unsqueeze(-1)).sum(dim=0)

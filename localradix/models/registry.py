@@ -21,6 +21,15 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "Qwen3MoeForCausalLM": _DECODER,  # ... with q/k norm, some layers maybe dense
         # Gemma 3 text: (1 + w) norms, four a layer, GeGLU, sliding-window layers
         "Gemma3ForCausalLM": "localradix.models.gemma3:Gemma3ForCausalLM",
+        # gpt-oss: attention sinks, sliding-window layers, YaRN, biased clamped-SwiGLU experts
+        "GptOssForCausalLM": "localradix.models.gpt_oss:GptOssForCausalLM",
+        # Qwen3.5: gated delta-net linear attention beside gated full attention
+        "Qwen3_5ForCausalLM": "localradix.models.qwen3_5:Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM": "localradix.models.qwen3_5:Qwen3_5ForCausalLM",  # + experts
+        "Qwen3NextForCausalLM": "localradix.models.qwen3_5:Qwen3_5ForCausalLM",  # its layout
+        # ... the text model of multimodal Qwen3.5 checkpoints (the vision tower is skipped)
+        "Qwen3_5ForConditionalGeneration": "localradix.models.qwen3_5:Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration": "localradix.models.qwen3_5:Qwen3_5ForCausalLM",
         # Bare decoders (embedding models such as Qwen3-Embedding): the same stack, no head.
         "LlamaModel": _DECODER,
         "MistralModel": _DECODER,

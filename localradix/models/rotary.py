@@ -25,6 +25,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
         return _llama3_scaled(inv_freq, scaling)
+    if scaling.rope_type == "yarn":
+        return _yarn_scaled(head_dim, theta, scaling)
     if scaling.rope_type == "longrope":
         raise ValueError("longrope frequencies depend on the position: use position_angles")
     raise NotImplementedError(f"RoPE scaling type {scaling.rope_type!r} is not supported")
@@ -61,6 +63,29 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_scaled(dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN: interpolated (divided by `factor`) low frequencies, extrapolated (kept) high ones,
+    a linear ramp between, over dims found from beta_fast / beta_slow rotations in the
+    pretraining length; op for op transformers' `_compute_yarn_parameters` (the cos/sin scale,
+    `attention_factor`, is applied by RotaryTable)."""
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
+
+    def correction_dim(rotations: float) -> float:
+        length = s.original_max_position_embeddings
+        return (dim * math.log(length / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # (transformers' guard against a zero-width ramp)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of each dim that extrapolates
+    return interpolated * (1 - keep) + extrapolated * keep
+
+
 class RotaryTable:
     """cos / signed-sin tables [max_positions, rotary_dim] in the model dtype."""
 
@@ -82,7 +107,7 @@ class RotaryTable:
             inv_freq = inverse_frequencies(dim, config.rope_theta, scaling)
             freqs = positions[:, None] * (inv_freq / freq_factors.float().cpu())[None, :]
         cos, sin = freqs.cos(), freqs.sin()
-        if scaling.attention_factor != 1.0:  # longrope's scale, on both as transformers does
+        if scaling.attention_factor != 1.0:  # longrope's, yarn's scale: on both, as transformers
             cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
         self.cos = torch.cat([cos, cos], dim=-1).to(device=device, dtype=dtype)
         self.sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)

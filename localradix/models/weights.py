@@ -11,6 +11,9 @@ up, down) and Qwen3-MoE's `mlp.experts.N.gate_proj/up_proj/down_proj` (what tran
 still saves), or already stacked, `experts.gate_up_proj` / `experts.down_proj` (transformers
 5's in-memory names): all are read as the Qwen3-MoE per-expert names, which the stacked
 tensors stand for in the coverage check. The router is `block_sparse_moe.gate` / `mlp.gate`.
+Experts with biases (gpt-oss, whose model hands its tensors in these layouts) also load
+`mlp.gate.bias` and the stacked `mlp.experts.gate_up_proj_bias` / `down_proj_bias`; its
+attention `self_attn.o_proj.bias` and `self_attn.sinks`.
 """
 
 from __future__ import annotations
@@ -99,10 +102,16 @@ class WeightLoader:
                 parts = ("gate_proj", "up_proj", "down_proj")
                 experts = range(m.config.num_experts)
                 names += [f"{p}mlp.experts.{e}.{x}.weight" for e in experts for x in parts]
+                if getattr(layer.moe, "router_bias", None) is not None:  # gpt-oss
+                    names.append(p + "mlp.gate.bias")
+                    names += [f"{p}mlp.experts.{x}_proj_bias" for x in ("gate_up", "down")]
             if layer.qkv_bias is not None:
                 names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
             if layer.q_norm is not None:
                 names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+            for suffix, attribute in _OPTIONAL_ATTENTION.items():  # gpt-oss
+                if getattr(layer, attribute, None) is not None:
+                    names.append(p + suffix)
             if getattr(layer, "pre_ff_norm", None) is not None:  # Gemma's four norms a layer
                 names += [p + "pre_feedforward_layernorm.weight"]
                 names += [p + "post_feedforward_layernorm.weight"]
@@ -136,6 +145,7 @@ _LAYER_NAMES = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
+_OPTIONAL_ATTENTION = {"self_attn.o_proj.bias": "o_bias", "self_attn.sinks": "sinks"}
 _FUSED_NAMES = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
@@ -165,6 +175,7 @@ def _layer_target(model: DecoderForCausalLM, index: int, rest: str, name: str) -
         "mlp.down_proj.weight": layer.down_weight,
         "pre_feedforward_layernorm.weight": getattr(layer, "pre_ff_norm", None),
         "post_feedforward_layernorm.weight": getattr(layer, "post_ff_norm", None),
+        **{suffix: getattr(layer, a, None) for suffix, a in _OPTIONAL_ATTENTION.items()},
     }
     if layer.moe is not None and rest.startswith("mlp."):
         return _expert_target(layer.moe, rest, name)
@@ -193,6 +204,14 @@ def _expert_target(moe: MoEBlock, rest: str, name: str) -> torch.Tensor:
         return moe.gate_up_weight
     if rest == "mlp.experts.down_proj":
         return moe.down_weight
+    biases = {
+        "mlp.gate.bias": moe.router_bias,
+        "mlp.experts.gate_up_proj_bias": moe.gate_up_bias,  # [E, 2I]: gate, then up
+        "mlp.experts.down_proj_bias": moe.down_bias,
+    }
+    bias = biases.get(rest)
+    if bias is not None:
+        return bias
     match = _EXPERT.fullmatch(rest)
     if match is None or int(match.group(1)) >= moe.num_experts:
         raise ValueError(f"unexpected weight {name!r}")

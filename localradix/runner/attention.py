@@ -1,6 +1,7 @@
 """Attention backends: the only code that touches the KV cache.
 
-Model code calls `attn.forward(q, k, v, layer_id, scale)` and never sees slots or kernels. The
+Model code calls `attn.forward(q, k, v, layer_id, scale)` (gpt-oss adds its layer's attention
+`sinks`) and never sees slots or kernels. The
 runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
 device tensors; every layer then reuses them. Backends are entries of the lazy registry
 `ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
@@ -58,6 +59,8 @@ class AttentionBackend(ABC):
     kv_dtype_may_differ = False
     # Whether __init__ takes `windows` (per-layer sliding windows, 0 = none) and applies them.
     applies_windows = False
+    # Whether `forward` applies `sinks` (a model whose config has `attention_sinks` passes them).
+    applies_sinks = False
 
     @classmethod
     def from_model_config(
@@ -69,15 +72,20 @@ class AttentionBackend(ABC):
         page_size: int = 1,
     ) -> AttentionBackend:
         """Size the cache for a `ModelConfig` (anything with the fields used); pass on the
-        model's per-layer sliding windows, or refuse a model that has some when this backend
-        cannot apply them."""
+        model's per-layer sliding windows, or refuse a model that has some (or attention
+        sinks) when this backend cannot apply them."""
         layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
         make: Any = cls  # subclasses add keywords to __init__
         kwargs: dict[str, Any] = {}
         windows = tuple(config.layer_windows()) if hasattr(config, "layer_windows") else ()
+        model = getattr(config, "architecture", "the model")
+        if getattr(config, "attention_sinks", False) and not cls.applies_sinks:
+            raise ValueError(
+                f"{cls.__name__} cannot apply {model}'s attention sinks: use the torch_native "
+                "or triton attention backend"
+            )
         if any(windows):
             if not cls.applies_windows:
-                model = getattr(config, "architecture", "the model")
                 raise ValueError(
                     f"{cls.__name__} cannot apply {model}'s sliding-window attention: use "
                     "the torch_native or triton attention backend"
@@ -100,12 +108,24 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store k/v at the batch's `out_slots`, then attend causally; returns [T, Hq * D].
 
         q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
         its request's slots of positions <= p (prefix from the cache, plus the new tokens).
+
+        sinks: [Hq] attention sinks (gpt-oss), one logit per query head that joins the
+        softmax's denominator only (no value: it takes weight from the keys), or None. They
+        are weights, so the model hands its layer's with each call (a fixed tensor, which a
+        CUDA graph may capture), while the backend is built from the config alone: only
+        backends with `applies_sinks` take a model that has them (`from_model_config`).
         """
 
 

@@ -17,6 +17,12 @@ Layers with a sliding window (`windows`, per layer; 0 = none: a query at positio
 p - window < j <= p) run on their own plan of the step, whose slot tables keep only the keys
 inside the window (extends: a banded mask). The cache keeps every slot; only reads are cut.
 Layers without one run the plain plan and its fast paths.
+
+Attention sinks (gpt-oss: a logit per query head in the softmax's denominator, no value) have
+no SDPA form, so layers given `sinks` compute their scores explicitly: the grouped matmuls (an
+extra softmax column; long extends in chunks of queries, to bound the scores' memory), or, for
+decode batches, the cascade's partials, merged with the sink as one more (max = sink, sum = 1,
+output 0).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ GROUPED_WHEN_MASKED: bool | None = None
 # Extends of at most this many tokens over a cached prefix (a verify step's k + 1, a short
 # turn) attend with grouped matmuls, not SDPA: see `_grouped`.
 SMALL_EXTEND = 16
+# Most bytes of float32 scores one call of an extend with attention sinks materialises.
+SINK_SCORE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class TorchNativeAttention(AttentionBackend):
     # The cache may be narrower than the model (bf16 K/V for an fp32 model): cast on write/read.
     kv_dtype_may_differ = True
     applies_windows = True
+    applies_sinks = True
 
     def __init__(
         self, layout: KVLayout, device: torch.device | str, *, windows: Sequence[int] = ()
@@ -119,23 +128,32 @@ class TorchNativeAttention(AttentionBackend):
         return self._plans.get(0, ([], []))[1]
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
         k_cache.index_copy_(0, self._out_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self._out_slots, v.to(v_cache.dtype))
         decodes, extends = self._plans[self.windows[layer_id]]
         num_tokens, num_heads, head_dim = q.shape
+        sinks = None if sinks is None else sinks.float()
         if len(decodes) == 1 and decodes[0].token_index is None:
-            return self._attend_decode(decodes[0], q, k_cache, v_cache, scale)
+            return self._attend_decode(decodes[0], q, k_cache, v_cache, scale, sinks)
         if len(extends) == 1 and not decodes:
-            return self._attend_extend(extends[0], q, k, v, k_cache, v_cache, scale)
+            return self._attend_extend(extends[0], q, k, v, k_cache, v_cache, scale, sinks)
         out = q.new_empty(num_tokens, num_heads * head_dim)
         for group in decodes:
             rows = group.token_index
-            out[rows] = self._attend_decode(group, q[rows], k_cache, v_cache, scale)
+            out[rows] = self._attend_decode(group, q[rows], k_cache, v_cache, scale, sinks)
         for plan in extends:
-            out[plan.start : plan.end] = self._attend_extend(plan, q, k, v, k_cache, v_cache, scale)
+            out[plan.start : plan.end] = self._attend_extend(
+                plan, q, k, v, k_cache, v_cache, scale, sinks
+            )
         return out
 
     # -- per-group attention -------------------------------------------------------------
@@ -147,15 +165,18 @@ class TorchNativeAttention(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch = q.shape[0]
         if plan.shared or (plan.mask is not None and _avoid_masked_gqa_sdpa(q)):
-            return _cascade(plan, q, k_cache, v_cache, scale).reshape(batch, -1)
+            return _cascade(plan, q, k_cache, v_cache, scale, sinks).reshape(batch, -1)
         if isinstance(plan.slots, slice):  # one request on contiguous slots: a view, no copy
-            return _grouped(q, k_cache[plan.slots], v_cache[plan.slots], scale)
+            return _grouped(q, k_cache[plan.slots], v_cache[plan.slots], scale, sinks=sinks)
         keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
         if batch == 1:  # one request on scattered slots (after drafts)
-            return _grouped(q, keys[0], values[0], scale)
+            return _grouped(q, keys[0], values[0], scale, sinks=sinks)
+        if sinks is not None:  # SDPA has no sink term
+            return _cascade(plan, q, k_cache, v_cache, scale, sinks).reshape(batch, -1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
             keys.to(q.dtype).transpose(1, 2),
@@ -175,8 +196,14 @@ class TorchNativeAttention(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         rows = slice(plan.start, plan.end)
+        if sinks is not None:
+            k_all = k[rows] if plan.slots is None else k_cache[plan.slots]
+            v_all = v[rows] if plan.slots is None else v_cache[plan.slots]
+            band = plan.mask if plan.windowed else None
+            return _with_sinks(q[rows], k_all, v_all, scale, sinks, band)
         if plan.slots is not None and plan.end - plan.start <= SMALL_EXTEND:
             keys, values = k_cache[plan.slots], v_cache[plan.slots]
             band = plan.mask if plan.windowed else None
@@ -243,10 +270,12 @@ def _grouped(
     scale: float,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one request's T queries q [T, Hq, D] over its keys/values [S, Hkv, D]
     -> [T, Hq * D]; `causal`: the queries are the last T keys' tokens (a prefix before them);
-    `mask`: bool [T, S], True = attend (a sliding window's band), instead.
+    `mask`: bool [T, S], True = attend (a sliding window's band), instead; `sinks`: float32
+    [Hq] logits that join each head's softmax denominator (an extra column, then dropped).
 
     The G query heads of each KV head and all T queries go through one matmul per KV head.
     On CPUs, SDPA with `enable_gqa` repeats K/V per query head first; at 4.4k context this
@@ -266,9 +295,41 @@ def _grouped(
         scores[:, :, -tokens:].masked_fill_(future.repeat(group, 1), float("-inf"))
     if mask is not None:
         scores.masked_fill_(~mask.repeat(group, 1), float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    else:
+        column = sinks.view(kv_heads, group, 1).expand(-1, -1, tokens)
+        scores = torch.cat([scores, column.reshape(kv_heads, group * tokens, 1)], dim=-1)
+        weights = torch.softmax(scores, dim=-1)[..., :-1].to(values.dtype)
     out = torch.matmul(weights, values)  # [Hkv, G*T, D]
     return out.reshape(kv_heads, group, tokens, head_dim).permute(2, 0, 1, 3).reshape(tokens, -1)
+
+
+def _with_sinks(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor,
+    band: torch.Tensor | None,
+) -> torch.Tensor:
+    """`_grouped` with sinks for one extend (causal over the last T keys, or a window's `band`
+    [T, S]), in chunks of queries whose scores stay within SINK_SCORE_BYTES."""
+    tokens, num_heads, _ = q.shape
+    length = keys.shape[0]
+    rows = max(1, SINK_SCORE_BYTES // (4 * num_heads * length))
+    parts = []
+    for start in range(0, tokens, rows):
+        end = min(tokens, start + rows)
+        if band is not None:
+            part = _grouped(q[start:end], keys, values, scale, mask=band[start:end], sinks=sinks)
+        else:  # these queries are the last of the keys up to the chunk's end
+            seen = length - tokens + end
+            part = _grouped(
+                q[start:end], keys[:seen], values[:seen], scale, causal=True, sinks=sinks
+            )
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _partial(
@@ -292,9 +353,15 @@ def _partial(
 
 
 def _cascade(
-    plan: _DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    plan: _DecodePlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode attention with shared prefixes: q [B, Hq, D] -> [B, Hq, D]."""
+    """Decode attention with shared prefixes (and float32 `sinks` [Hq], or None):
+    q [B, Hq, D] -> [B, Hq, D]."""
     batch, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     grouped = q.reshape(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
@@ -317,6 +384,9 @@ def _cascade(
         top[rows], total[rows], out[rows] = _merge(
             (top[rows], total[rows], out[rows]), (s_top, s_total, s_out)
         )
+    if sinks is not None:  # a partial of one key: its logit, weight exp(0) = 1, no value
+        sink = sinks.view(1, kv_heads, -1, 1)
+        top, total, out = _merge((top, total, out), (sink, torch.ones_like(sink), sink * 0))
     return (out / total).to(q.dtype).reshape(batch, num_heads, head_dim)
 
 

@@ -18,6 +18,7 @@ from localradix.runner.kv_budget import plan_kv_budget
 from localradix.runner.kv_layout import KVLayout
 from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.pooling import pool_hidden
+from localradix.runner.recurrent_state import RecurrentLayout, RecurrentStates, snapshot_budget
 from localradix.runner.sampler import sample
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -83,6 +84,12 @@ class TorchRunner(ModelRunner):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.page_size = args.page_size
         self.weight_bytes = resident_bytes(model)
+        # Hybrids (Qwen3.5): each request row's linear-attention state, allocated before the
+        # KV pool is sized from what memory is left, and snapshots of it for the radix cache.
+        self.states = self._recurrent_states(config, args, dtype, device)
+        self.snapshots = self.states
+        if self.states is not None:
+            self.verifies = False  # a recurrent state cannot take back rejected drafts
         backend_cls = get_attention_backend(attention_backend)
         kv_dtype = kv_dtype or dtype
         if kv_dtype != dtype and not backend_cls.kv_dtype_may_differ:
@@ -110,7 +117,12 @@ class TorchRunner(ModelRunner):
         """
         self.attn.prepare(batch)
         ids = input_ids if input_ids is not None else self._tensor(batch.input_ids)
-        hidden = self.model.forward(ids, self._tensor(batch.positions), self.attn)
+        positions = self._tensor(batch.positions)
+        if self.states is None:
+            hidden = self.model.forward(ids, positions, self.attn)
+        else:
+            self.states.prepare(batch)
+            hidden = self.model.forward(ids, positions, self.attn, self.states)
         self.pooled = pool_hidden(hidden, batch)
         if batch.num_tokens != batch.num_rows:
             hidden = hidden[self._tensor(batch.logit_index)]
@@ -122,6 +134,26 @@ class TorchRunner(ModelRunner):
         if batch.pooling is None or self.pooled is None:
             return out
         return dataclasses.replace(out, pooled=self.pooled.cpu().numpy())
+
+    @staticmethod
+    def _recurrent_states(
+        config: Any, args: ServerArgs, dtype: torch.dtype, device: torch.device | str
+    ) -> RecurrentStates | None:
+        layout = RecurrentLayout.for_model(config)
+        if layout is None:
+            return None
+        rows = args.max_running_requests + 2  # the scheduler's request-table rows
+        budget = snapshot_budget(args.snapshot_mib)
+        states = RecurrentStates(layout, rows, dtype, device, budget)
+        logger.info(
+            "Recurrent state: %d linear-attention layers, %.1f MiB for %d request rows; "
+            "snapshots up to %.0f MiB (host memory)",
+            layout.layers,
+            states.nbytes / 2**20,
+            rows,
+            budget / 2**20,
+        )
+        return states
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)

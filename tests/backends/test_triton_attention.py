@@ -3,8 +3,8 @@
 Random paged layouts (page sizes 1 and 16, slots scattered over the cache), mixed request
 lengths, GQA groups of 1, 2, 3 and 4 query heads per KV head, head sizes that are and are not
 powers of two, decode batches split over several key ranges, extends over a cached prefix
-mixed with decodes, sliding windows and logit soft-caps; float32 and float16 (the
-interpreter's bfloat16 dot is broken).
+mixed with decodes, sliding windows, logit soft-caps and attention sinks; float32 and float16
+(the interpreter's bfloat16 dot is broken).
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def _batch(
     )
 
 
-def _reference(attn, batch, q, layer, scale, window, cap):
-    """float64 attention of each new token over its request's keys (positions <= its own)."""
+def _reference(attn, batch, q, layer, scale, window, cap, sinks=None):
+    """float64 attention of each new token over its request's keys (positions <= its own);
+    `sinks` [Hq]: one more logit per head in the softmax, with no value."""
     k_all = attn.k_cache[layer].double()
     v_all = attn.v_cache[layer].double()
     group = q.shape[1] // attn.num_kv_heads
@@ -77,12 +78,15 @@ def _reference(attn, batch, q, layer, scale, window, cap):
             j = torch.arange(len(slots))
             seen = (j <= pos) & ((j > pos - window) if window else True)
             s = s.masked_fill(~seen, float("-inf"))
-            out[row] = torch.einsum("hs,shd->hd", torch.softmax(s, -1), values)
+            if sinks is not None:
+                s = torch.cat([s, sinks.double()[:, None]], dim=-1)
+            probs = torch.softmax(s, -1)[:, : len(slots)]
+            out[row] = torch.einsum("hs,shd->hd", probs, values)
     return out
 
 
 def _run(seed, seq_lens, extend_lens, *, heads=4, kv_heads=2, dim=16, page=1, dtype=torch.float32,
-         window=0, cap=0.0):  # fmt: skip
+         window=0, cap=0.0, sinks=False):  # fmt: skip
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     slots = page * (2 * sum(-(-n // page) for n in seq_lens) + 2)  # room to scatter pages
@@ -97,10 +101,11 @@ def _run(seed, seq_lens, extend_lens, *, heads=4, kv_heads=2, dim=16, page=1, dt
     k = torch.randn((tokens, kv_heads, dim), generator=gen).to(dtype)
     v = torch.randn((tokens, kv_heads, dim), generator=gen).to(dtype)
     scale = dim**-0.5
+    sink = (3 * torch.randn(heads, generator=gen)).to(dtype) if sinks else None
     attn.prepare(batch)
-    got = attn.forward(q, k, v, 1, scale).view(tokens, heads, dim)
+    got = attn.forward(q, k, v, 1, scale, sink).view(tokens, heads, dim)
     assert torch.equal(attn.k_cache[1][torch.from_numpy(batch.out_slots)], k)  # stored first
-    want = _reference(attn, batch, q, 1, scale, window, cap)
+    want = _reference(attn, batch, q, 1, scale, window, cap, sink)
     err = (got.double() - want).abs().max().item()
     assert err < TOL[dtype], err
     return attn
@@ -130,6 +135,16 @@ def test_extend_over_a_prefix_mixed_with_decodes(dtype, page):
 def test_sliding_window_and_soft_cap(seq_lens, extend_lens):
     _run(4, seq_lens, extend_lens, window=8, cap=5.0)
     _run(5, seq_lens, extend_lens, window=33)  # a window that starts inside a block
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [0, 8])
+def test_attention_sinks(monkeypatch, dtype, window):
+    """gpt-oss's sinks: decodes over several splits (the sink joins their merge), and extends
+    over a prefix mixed with a decode."""
+    monkeypatch.setattr(triton_attention, "KEYS_PER_SPLIT", 16)
+    _run(7, [90, 33, 2], [1, 1, 1], dtype=dtype, window=window, sinks=True)
+    _run(8, [45, 90, 61], [45, 37, 1], heads=6, kv_heads=2, dtype=dtype, window=window, sinks=True)
 
 
 def test_head_dim_not_a_power_of_two_and_one_kv_head():

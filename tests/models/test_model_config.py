@@ -87,8 +87,8 @@ def test_llama3_frequencies_match_transformers():
 
 
 def test_unsupported_rope_type_fails_clearly():
-    with pytest.raises(NotImplementedError, match="yarn"):
-        inverse_frequencies(64, 10000.0, RopeScaling("yarn", 4.0))
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        inverse_frequencies(64, 10000.0, RopeScaling("dynamic", 4.0))
 
 
 def test_registry():

@@ -148,7 +148,13 @@ class FlashInferAttention(AttentionBackend):
         self._plan_copied[id(wrapper)] = device_event(self.device)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,  # never given: applies_sinks is False
     ) -> torch.Tensor:
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
             raise ValueError(f"planned for softmax scale {self.sm_scale}, got {scale}")

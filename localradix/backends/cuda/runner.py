@@ -76,11 +76,11 @@ def create_device_runner(
     from localradix.backends.torch_device import load_torch_model
 
     model, config, dtype = load_torch_model(args, source, target)
-    if attention == "flashinfer" and any(config.layer_windows()):
-        # FlashInfer's paged kernels here take no per-layer windows: Triton's do
+    if attention == "flashinfer" and (any(config.layer_windows()) or config.attention_sinks):
+        # FlashInfer's paged kernels here take no per-layer windows or sinks: Triton's do
         has_triton = importlib.util.find_spec("triton") is not None
         attention = "triton" if has_triton else "torch_native"
-        logger.info("CUDA attention: %s (the model has sliding-window layers)", attention)
+        logger.info("CUDA attention: %s (sliding-window layers or attention sinks)", attention)
     graphs = os.environ.get(DISABLE_GRAPHS_ENV, "") not in ("1", "true")
     runner = DeviceRunner(model, config, args, target.device, dtype, attention, graphs=graphs)
     return runner, config
@@ -103,7 +103,9 @@ class DeviceRunner(TorchRunner):
     ) -> None:
         super().__init__(model, config, args, device, dtype, attention)
         self.graphs: DecodeGraphs | None = None
-        if graphs and hasattr(self.attn, "graph_state"):
+        if graphs and self.states is not None:  # (the graphs do not take the states' plan)
+            logger.info("CUDA graphs off: the model has recurrent layers; decode runs eagerly")
+        elif graphs and hasattr(self.attn, "graph_state"):
             self.graphs = self._capture_graphs(args, graph_api)
 
     def _capture_graphs(self, args: ServerArgs, api: GraphApi | None) -> DecodeGraphs | None:

@@ -12,8 +12,9 @@ Decode batches run under CUDA graphs (`graph_state` / `prepare_graph`, used by
 `localradix.backends.cuda.graphs`): each captured batch size reads fixed buffers that are
 refilled before a replay, and a split count fixed at capture.
 
-Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) are applied
-in the kernels, for the model families that have them.
+Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) and attention
+sinks (`sinks`, given with each layer's call) are applied in the kernels, for the model
+families that have them.
 
 On a CPU this backend runs only on request (`--attention triton`), through Triton's
 interpreter: a way to test the kernels and the whole engine over them, not a fast path.
@@ -86,6 +87,7 @@ def _require_interpreter() -> None:
 
 class TritonAttention(AttentionBackend):
     applies_windows = True  # (`from_model_config` passes a model's windows in)
+    applies_sinks = True
 
     def __init__(
         self,
@@ -122,7 +124,13 @@ class TritonAttention(AttentionBackend):
             self._splits = decode_splits(int(batch.seq_lens.max()), programs)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
         k_cache.index_copy_(0, self._out_slots, k)
@@ -132,9 +140,9 @@ class TritonAttention(AttentionBackend):
         out = q.new_empty(q.shape)
         window, cap = self.windows[layer_id], self.logit_caps[layer_id]
         if self._decode:
-            self._decode_attention(q, k_cache, v_cache, out, scale, window, cap)
+            self._decode_attention(q, k_cache, v_cache, out, scale, window, cap, sinks)
         else:
-            self._extend_attention(q, k_cache, v_cache, out, scale, window, cap)
+            self._extend_attention(q, k_cache, v_cache, out, scale, window, cap, sinks)
         return out.view(q.shape[0], -1)
 
     # -- CUDA graphs (decode only; see localradix.backends.cuda.graphs) --------------------
@@ -178,6 +186,7 @@ class TritonAttention(AttentionBackend):
         scale: float,
         window: int,
         cap: float,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         reqs, heads, dim = q.shape
         group = heads // self.num_kv_heads
@@ -194,8 +203,9 @@ class TritonAttention(AttentionBackend):
             window=window, logit_cap=cap,
         )  # fmt: skip
         self.kernels.decode_merge_kernel[(reqs, heads)](
-            mid_o, mid_lse, out, self._splits, out.stride(0), out.stride(1),
-            HEAD_DIM=dim, BLOCK_D=block_d, MAX_SPLITS=MAX_SPLITS,
+            mid_o, mid_lse, out, q if sinks is None else sinks, self._splits,
+            out.stride(0), out.stride(1),
+            HEAD_DIM=dim, BLOCK_D=block_d, MAX_SPLITS=MAX_SPLITS, HAS_SINKS=sinks is not None,
         )  # fmt: skip
 
     def _extend_attention(
@@ -207,17 +217,19 @@ class TritonAttention(AttentionBackend):
         scale: float,
         window: int,
         cap: float,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         assert self._batch is not None
         _, heads, dim = q.shape
         blocks = -(-int(self._batch.extend_lens.max()) // BLOCK_M)
         self.kernels.extend_kernel[(self._batch.num_reqs, heads, blocks)](
             q, k_cache, v_cache, out, self._qo_indptr, self._kv_indptr, self._kv_indices,
-            self._seq_lens, scale,
+            self._seq_lens, q if sinks is None else sinks, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             GROUP=heads // self.num_kv_heads, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_D=max(16, _next_power_of_2(dim)), window=window, logit_cap=cap,
+            HAS_SINKS=sinks is not None,
         )  # fmt: skip
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:

@@ -14,8 +14,10 @@ last `extend_lens[i]` of them (already stored when a kernel runs).
   (request, query head, block of new tokens) over the request's keys up to the block's last
   position, causally masked.
 
-Both honour a sliding window (a query at position p sees keys p - window < j <= p; 0: none)
-and a logit soft-cap (`cap * tanh(s / cap)`; 0: none), for the model families that need them.
+Both honour a sliding window (a query at position p sees keys p - window < j <= p; 0: none),
+a logit soft-cap (`cap * tanh(s / cap)`; 0: none) and attention sinks (`HAS_SINKS`: a logit
+per query head added to the softmax's denominator only, as gpt-oss's; decode adds it when
+merging the splits), for the model families that need them.
 Softmax runs in base 2 (`exp2`, scores pre-multiplied by log2 e), with a guard for rows whose
 keys are all masked in a block (a window's first blocks). Written for this project from the
 published split-KV ("flash decoding") and FlashAttention-2 designs.
@@ -142,12 +144,14 @@ def decode_merge_kernel(
     mid_o_ptr,  # float32 [B, Hq, MAX_SPLITS, D]
     mid_lse_ptr,  # float32 [B, Hq, MAX_SPLITS]
     out_ptr,  # [B, Hq, D]
+    sinks_ptr,  # [Hq] attention sinks (read only when HAS_SINKS)
     num_splits,
     stride_ob,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MAX_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -155,13 +159,20 @@ def decode_merge_kernel(
     sp = tl.arange(0, MAX_SPLITS)
     d = tl.arange(0, BLOCK_D)
     lse = tl.load(mid_lse_ptr + row * MAX_SPLITS + sp, mask=sp < num_splits, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))  # the last key is in some split: max is finite
+    if HAS_SINKS:  # one more term of the denominator, in base 2 like the splits' lse
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(tl.max(lse, 0), sink)
+        weight = tl.exp2(lse - top)
+        denominator = tl.sum(weight, 0) + tl.exp2(sink - top)
+    else:
+        weight = tl.exp2(lse - tl.max(lse, 0))  # the last key is in some split: max is finite
+        denominator = tl.sum(weight, 0)
     parts = tl.load(
         mid_o_ptr + (row * MAX_SPLITS + sp[:, None]) * HEAD_DIM + d[None, :],
         mask=(sp[:, None] < num_splits) & (d[None, :] < HEAD_DIM),
         other=0.0,
     )
-    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    out = tl.sum(parts * weight[:, None], 0) / denominator
     tl.store(
         out_ptr + req * stride_ob + head * stride_oh + d,
         out.to(out_ptr.dtype.element_ty),
@@ -179,6 +190,7 @@ def extend_kernel(
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
+    sinks_ptr,  # [Hq] attention sinks (read only when HAS_SINKS)
     scale,
     stride_qt,
     stride_qh,
@@ -195,6 +207,7 @@ def extend_kernel(
     BLOCK_D: tl.constexpr,
     window: tl.constexpr,
     logit_cap: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -242,6 +255,9 @@ def extend_kernel(
         s = tl.where(seen, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, values)
 
+    if HAS_SINKS:  # the sink's share of the denominator (relative to the running max m_i)
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + tl.exp2(sink - m_i)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr + (q_start + i)[:, None] * stride_ot + head * stride_oh + d[None, :],

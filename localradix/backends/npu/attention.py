@@ -83,7 +83,13 @@ class NpuFusedAttention(AttentionBackend):
         return {"slots": self._tensor(slot_table(batch)), "actual_seq_lengths_kv": lens}
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,  # never given: applies_sinks is False
     ) -> torch.Tensor:
         if self._plan is None:
             return self.native.forward(q, k, v, layer_id, scale)

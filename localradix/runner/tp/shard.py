@@ -59,7 +59,13 @@ class Shard:
                 f"--tp {n} does not split {c.architecture}'s mixture of experts: "
                 "serve it with --tp 1"
             )
-        if c.offset_norms and n > 1:  # Gemma 3's block: sharding not wired or tested yet
+        if any(c.linear_layers) and n > 1:  # their heads and per-request state: not split yet
+            raise ValueError(
+                f"--tp {n} does not split {c.architecture}'s gated delta-net layers: "
+                "serve it with --tp 1"
+            )
+        # Gemma 3's block, gpt-oss's sinks and o_proj bias: sharding not wired or tested yet
+        if (c.offset_norms or c.attention_sinks) and n > 1:
             raise ValueError(f"--tp {n} does not split {c.architecture} yet: serve it with --tp 1")
         problems = []
         if c.num_attention_heads % n:
