@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from localradix import Engine, SamplingParams  # noqa: E402
-from localradix.mem.kv_chunks import chunk_size  # noqa: E402
 from tests.engine.conftest import bundled_gguf  # noqa: E402
 
 FIRST = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
@@ -88,14 +87,15 @@ def restart(model: str, shared: int, repeats: int, backend: str) -> dict:
         document, questions = document_and_questions(e, shared, 2 + 2 * repeats)
     disk = tempfile.mkdtemp(prefix="kv-disk-")
     kw = {"backend": backend, "kv_disk_gib": 4.0, "max_total_tokens": 16384}
-    cut = shared // chunk_size(1) * chunk_size(1)  # what a restart finds: whole chunks
     cold, warm, from_disk, from_cache, cached, stop_s = [], [], [], [], [], []
     versus_hit, versus_cold = [], []
     for r in range(repeats):
+        asked = [questions[2 * r], questions[2 * r + 1], questions[-2]]
         with warm_up(Engine(model, kv_disk_cache="off", **kw)) as e:
             as_cold = e.generate([document + questions[-1]], ANSWER)[0]
         with warm_up(Engine(model, kv_disk_cache="off", **kw)) as e:
-            e.generate([document[:cut]], FIRST)  # the same prefix held in memory instead
+            for question in asked:  # what the restarted servers were asked, held in memory
+                e.generate([document + question], FIRST)
             as_hit = e.generate([document + questions[-1]], ANSWER)[0]
         run_disk = f"{disk}/{r}"
         with warm_up(Engine(model, kv_disk_cache=run_disk, **kw)) as e:

@@ -137,7 +137,8 @@ class DiskTier:
         """(digest, tokens) of the chunks stored or queued after `parent`, newest first; the
         tokens are as listed, unverified (`get` verifies the chunk itself)."""
         with self._lock:
-            found = [(c.digest, c.tokens) for c in self._pending.values() if c.parent == parent]
+            pending = self._pending.values()
+            found = [(c.digest, c.tokens) for c in pending if c.parent == parent and not c.state]
         path = self._children_path(parent)
         try:
             lines = path.read_bytes().splitlines()[-MAX_CHILDREN:]
@@ -206,8 +207,9 @@ class DiskTier:
         private_dir(path.parent)
         data = self._encode(chunk)
         write_atomic(path, data)
-        line = chunk.digest.hex() + " " + ",".join(map(str, chunk.tokens.tolist())) + "\n"
-        append_line(self._children_path(chunk.parent), line.encode())
+        if not chunk.state:  # (states are found by name: `KVTiers.fetch_state`)
+            line = chunk.digest.hex() + " " + ",".join(map(str, chunk.tokens.tolist())) + "\n"
+            append_line(self._children_path(chunk.parent), line.encode())
         self.stats.files_written += 1
         self.stats.bytes_written += len(data)
         self._total += len(data)
@@ -252,7 +254,9 @@ class DiskTier:
                 "fingerprint": self.fingerprint,
                 "parent": chunk.parent.hex(),
                 "tokens": len(chunk.tokens),
+                "rows": int(chunk.data.shape[0]),
                 "bytes_per_token": int(chunk.data.shape[1]),
+                "state": chunk.state,
             }
         ).encode()
         body = b"".join(
@@ -292,11 +296,13 @@ class DiskTier:
         if header["fingerprint"] != self.fingerprint:
             raise ValueError("written for another model")
         n, width = int(header["tokens"]), int(header["bytes_per_token"])
-        if len(body) != end + 8 * n + n * width:
+        rows = int(header.get("rows", n))
+        if len(body) != end + 8 * n + rows * width:
             raise ValueError("its size does not match its header")
         tokens = np.frombuffer(body, dtype="<i8", count=n, offset=end).astype(np.int64)
-        data = np.frombuffer(body, dtype=np.uint8, count=n * width, offset=end + 8 * n)
+        data = np.frombuffer(body, dtype=np.uint8, count=rows * width, offset=end + 8 * n)
         parent = bytes.fromhex(header["parent"])
         if len(parent) != DIGEST_BYTES:
             raise ValueError("bad parent digest")
-        return KVChunk(digest, parent, tokens, data.reshape(n, width))
+        state = bool(header.get("state", False))
+        return KVChunk(digest, parent, tokens, data.reshape(rows, width), state)

@@ -48,7 +48,8 @@ class HostTier:
             self._spill(chunk)
             return
         self._chunks[chunk.digest] = chunk
-        self._children.setdefault(chunk.parent, {})[chunk.digest] = None
+        if not chunk.state:
+            self._children.setdefault(chunk.parent, {})[chunk.digest] = None
         self.bytes += chunk.nbytes
         while self.bytes > self.budget:
             self._spill(self._pop_oldest())
@@ -61,10 +62,10 @@ class HostTier:
     def _pop_oldest(self) -> KVChunk:
         _, chunk = self._chunks.popitem(last=False)
         self.bytes -= chunk.nbytes
-        siblings = self._children[chunk.parent]
-        del siblings[chunk.digest]
+        siblings = self._children.get(chunk.parent, {})
+        siblings.pop(chunk.digest, None)
         if not siblings:
-            del self._children[chunk.parent]
+            self._children.pop(chunk.parent, None)
         return chunk
 
     def _spill(self, chunk: KVChunk) -> None:

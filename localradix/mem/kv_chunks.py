@@ -39,6 +39,13 @@ def next_digest(parent: bytes, tokens: np.ndarray) -> bytes:
     return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
 
 
+def state_digest(parent: bytes, tail: np.ndarray) -> bytes:
+    """The name of a model state (recurrent layers) after the chunk `parent` and `tail`'s
+    tokens: a state may end anywhere, not only on chunk boundaries."""
+    data = b"state" + parent + np.ascontiguousarray(tail, dtype="<i8").tobytes()
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
+
+
 def chain(
     key: np.ndarray, extra_key: str | None, chunk: int, upto: int | None = None
 ) -> list[bytes]:
@@ -56,12 +63,15 @@ def chain(
 @dataclass(frozen=True, eq=False)
 class KVChunk:
     """One chunk of KV: `tokens` (int64 [chunk]) and their KV, token-major: `data` is uint8
-    [chunk, bytes_per_token] as the runner's `KVTransfer.read` returned it."""
+    [chunk, bytes_per_token] as the runner's `KVTransfer.read` returned it. With `state`, a
+    model state instead: the state after `parent` and `tokens` (the tail past that chunk),
+    `data` uint8 [1, bytes] as the runner exported it."""
 
     digest: bytes
     parent: bytes
     tokens: np.ndarray
     data: np.ndarray
+    state: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -69,4 +79,5 @@ class KVChunk:
 
     def verifies(self) -> bool:
         """Whether `digest` really names `parent` + `tokens` (guards a file's name)."""
-        return next_digest(self.parent, self.tokens) == self.digest
+        name = state_digest if self.state else next_digest
+        return name(self.parent, self.tokens) == self.digest

@@ -12,8 +12,13 @@ decided from the measured load speed and the scheduler's measured prefill speed,
 constant (before anything is measured, loading is tried). The caller writes the KV into fresh
 slots and inserts them into the tree, so a tier hit is an ordinary cache hit.
 
+For models with recurrent layers (whose KV alone cannot resume a request: `SnapshotStore`),
+the state snapshots at the tree's nodes go down too (`demote_state`), named by their position's
+tokens, and `fetch_state` finds the deepest one along a prompt: a request then resumes there
+from KV and state loaded back, as from any snapshot in memory.
+
 Everything here is host-side numpy; the runner's `KVTransfer` moves KV between its device
-buffers and the host.
+buffers and the host, its `StateTransfer` a state.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from localradix.mem.disk_tier import DiskTier
 from localradix.mem.host_tier import HostTier
-from localradix.mem.kv_chunks import KVChunk, chain, next_digest, root_digest
+from localradix.mem.kv_chunks import KVChunk, chain, next_digest, root_digest, state_digest
 from localradix.mem.radix_node import TreeNode
 
 logger = logging.getLogger("localradix.kv_tiers")
@@ -56,6 +61,18 @@ class KVTransfer(Protocol):
         ...
 
 
+class StateTransfer(Protocol):
+    """A runner's state snapshots (`StateSnapshots`) as bytes and back, for the tiers."""
+
+    def export(self, handle: Any) -> np.ndarray:
+        """uint8 [bytes]: the state `handle` names."""
+        ...
+
+    def adopt(self, data: np.ndarray, tokens: int) -> tuple[Any, int]:
+        """(handle, bytes) of a state `export` gave, after `tokens` tokens."""
+        ...
+
+
 @dataclass(frozen=True)
 class Fetched:
     """KV for `key[start:end]`, to load into fresh slots."""
@@ -64,6 +81,16 @@ class Fetched:
     end: int
     parts: tuple[np.ndarray, ...]  # uint8 [tokens, bytes_per_token] each, in order
     from_disk: int  # of those tokens, how many came from disk (the rest: host memory)
+
+    def cut(self, end: int) -> Fetched:
+        """The first `end - start` tokens only (views)."""
+        parts, left = [], end - self.start
+        for part in self.parts:
+            if left <= 0:
+                break
+            parts.append(part[:left])
+            left -= len(parts[-1])
+        return Fetched(self.start, end, tuple(parts), min(self.from_disk, end - self.start))
 
 
 @dataclass
@@ -74,6 +101,8 @@ class TierCounters:
     promotions: int = 0  # requests that loaded KV from a tier
     skipped_tokens: int = 0  # found in a tier, but prefilling them was measured cheaper
     load_seconds: float = 0.0  # reading and writing back promoted KV
+    demoted_states: int = 0  # recurrent-state snapshots kept below the tree
+    promoted_states: int = 0  # ... and loaded back for a request to resume from
 
 
 class KVTiers:
@@ -94,6 +123,7 @@ class KVTiers:
         self.counters = TierCounters()
         self.load_bytes_per_s: float | None = None
         self.draining = False  # closing: a full write queue waits instead of dropping
+        self.states: StateTransfer | None = None  # set for models with recurrent layers
 
     # ---- down ----------------------------------------------------------------------------------
 
@@ -107,6 +137,23 @@ class KVTiers:
             node = node.parent
         key, values = np.concatenate(keys[::-1]), np.concatenate(slots[::-1])
         self.demote(key, values, leaf.extra_key, start=len(key) - len(leaf.key))
+        if leaf.snapshot is not None and self.states is not None:
+            self.demote_state(key, leaf.extra_key, leaf.snapshot)
+
+    def demote_state(self, key: np.ndarray, extra_key: str | None, handle: Any) -> None:
+        """Keep below the tree the state snapshot `handle` names, taken after `key`."""
+        assert self.states is not None
+        c = self.chunk
+        whole = len(key) // c * c
+        digests = chain(key, extra_key, c)
+        parent = digests[-1] if digests else root_digest(extra_key)
+        tail = np.array(key[whole:], dtype=np.int64)
+        digest = state_digest(parent, tail)
+        if self._touch(digest):
+            return
+        data = self.states.export(handle).reshape(1, -1)
+        self._keep(KVChunk(digest, parent, tail, data, state=True))
+        self.counters.demoted_states += 1
 
     def demote(
         self, key: np.ndarray, slots: np.ndarray, extra_key: str | None, start: int = 0
@@ -137,15 +184,22 @@ class KVTiers:
         self.counters.demoted_tokens += len(rows)
         return len(rows)
 
-    def close(self, paths: list[tuple[np.ndarray, np.ndarray, str | None]]) -> None:
-        """A graceful shutdown: everything cached (`paths`: root-to-leaf keys and slots) and
-        everything in host memory goes to disk, and the writer finishes."""
+    def close(
+        self,
+        paths: list[tuple[np.ndarray, np.ndarray, str | None]],
+        states: Sequence[tuple[np.ndarray, str | None, Any]] = (),
+    ) -> None:
+        """A graceful shutdown: everything cached (`paths`: root-to-leaf keys and slots;
+        `states`: each snapshot's key, namespace and handle) and everything in host memory goes
+        to disk, and the writer finishes."""
         if self.disk is None:
             return
         self.host, host = None, self.host  # straight to disk from now on
         self.draining = True
         for key, slots, extra_key in paths:
             self.demote(key, slots, extra_key)
+        for key, extra_key, handle in states if self.states is not None else ():
+            self.demote_state(key, extra_key, handle)
         if host is not None:
             for chunk in host.drain():
                 self.disk.put(chunk, wait=True)
@@ -197,6 +251,29 @@ class KVTiers:
         parts[0] = parts[0][start - first * c :]  # a view: no copy of a whole prompt's KV
         self.counters.load_seconds += time.perf_counter() - started
         return Fetched(start, end, tuple(parts), min(from_disk, end - start))
+
+    def fetch_state(
+        self, key: np.ndarray, extra_key: str | None, after: int, upto: int
+    ) -> tuple[int, Any, int] | None:
+        """(position, handle, bytes) of the deepest state the tiers keep along `key` past
+        `after` and at most `upto` (adopted by the runner), or None."""
+        if self.states is None:
+            return None
+        c = self.chunk
+        digests = chain(key, extra_key, c, upto=upto // c)
+        for end in range(upto, after, -1):
+            whole = end // c
+            parent = digests[whole - 1] if whole else root_digest(extra_key)
+            digest = state_digest(parent, key[whole * c : end])
+            if not self._has(digest):
+                continue
+            chunk, _ = self._get(digest)
+            if chunk is None or not chunk.state:
+                continue
+            handle, nbytes = self.states.adopt(chunk.data.reshape(-1), end)
+            self.counters.promoted_states += 1
+            return end, handle, nbytes
+        return None
 
     def _longest_child(self, parent: bytes, rest: np.ndarray) -> tuple[bytes, int] | None:
         """(digest, count) of the chunk held after `parent` whose tokens begin with the most

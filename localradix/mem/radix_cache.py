@@ -344,6 +344,21 @@ class RadixCache:
             paths.append((np.concatenate(keys[::-1]), np.concatenate(values[::-1]), node.extra_key))
         return paths
 
+    def snapshot_paths(self) -> list[tuple[np.ndarray, str | None, Any]]:
+        """(tokens, extra_key, snapshot handle) of every node holding a state snapshot."""
+        return [
+            (self._path_key(node), node.extra_key, node.snapshot)
+            for node in self.iter_nodes()
+            if node.snapshot is not None
+        ]
+
+    def _path_key(self, node: TreeNode) -> np.ndarray:
+        keys, up = [], node
+        while up is not self.root:
+            keys.append(up.key)
+            up = up.parent  # type: ignore[assignment]  # non-root nodes have a parent
+        return np.concatenate(keys[::-1])
+
     def top_prefixes(self, k: int, head_tokens: int = 8) -> list[dict[str, Any]]:
         """The `k` cached prefixes that saved the most prefill (hits x length), for the TUI.
 

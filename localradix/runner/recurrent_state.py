@@ -163,6 +163,27 @@ class RecurrentStates:
     def live(self) -> int:
         return len(self._saved)
 
+    # ---- StateTransfer (the cache tiers below the tree) ---------------------------------------
+
+    def export(self, handle: int) -> np.ndarray:
+        """uint8 [bytes]: a snapshot's conv state, then its recurrent state."""
+        snap = self._saved[handle]
+        parts = (snap.conv.contiguous(), snap.recurrent.contiguous())
+        return np.concatenate([t.view(torch.uint8).reshape(-1).numpy() for t in parts])
+
+    def adopt(self, data: np.ndarray, tokens: int) -> tuple[int, int]:
+        """A snapshot of the state `export` gave (after `tokens` tokens): (handle, bytes)."""
+        layers, rows = self.conv.shape[0], self.conv.shape[2:]
+        conv_bytes = layers * int(np.prod(rows)) * self.conv.element_size()
+        if len(data) != conv_bytes + self.recurrent[:, 0].nbytes:
+            raise ValueError(f"a state of {len(data)} bytes is not this model's")
+        raw = torch.from_numpy(np.array(data, dtype=np.uint8))  # a copy: the tiers' buffer
+        conv = raw[:conv_bytes].view(self.conv.dtype).reshape(layers, *rows)
+        recurrent = raw[conv_bytes:].view(torch.float32).reshape(self.recurrent[:, 0].shape)
+        handle = next(self._ids)
+        self._saved[handle] = Snapshot(conv, recurrent, tokens, len(data))
+        return handle, len(data)
+
     # ---- what the runner calls ---------------------------------------------------------------
 
     def prepare(self, batch: ForwardBatch) -> StepPlan:

@@ -28,12 +28,13 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from localradix.config import ServerArgs
 from localradix.constrained.backend import GrammarBackend
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
-from localradix.mem.kv_tiers import KVTiers
+from localradix.mem.kv_tiers import KVTiers, StateTransfer
 from localradix.mem.radix_cache import RadixCache
 from localradix.mem.snapshot_store import SnapshotStore
 from localradix.messages import EngineStats, GenerateRequest, RequestOutput
@@ -136,11 +137,15 @@ class Scheduler:
         """Hang the tiers below the tree: evicted leaves go down, admissions load back up."""
         if tiers is None:
             return None
-        if self.cache.disable or self.cache.snapshots is not None:
+        states = self.runner.snapshots
+        portable = states is None or hasattr(states, "export")
+        if self.cache.disable or not portable:
             why = "the radix cache is off" if self.cache.disable else "recurrent state"
             logger.info("KV cache tiers off: %s", why)
             tiers.close([])
             return None
+        if states is not None:
+            tiers.states = cast(StateTransfer, states)  # snapshots go down with their KV
         self.cache.on_evict = tiers.demote_leaf
         self.slots.tiers = tiers
         return tiers
@@ -149,7 +154,7 @@ class Scheduler:
         """A graceful stop: what the tree caches goes down to disk (the tiers persist it)."""
         if self.tiers is not None:
             started = time.monotonic()
-            self.tiers.close(self.cache.leaf_paths())
+            self.tiers.close(self.cache.leaf_paths(), self.cache.snapshot_paths())
             logger.info("KV cache written to disk in %.1f s", time.monotonic() - started)
             self.tiers = self.slots.tiers = self.cache.on_evict = None
 

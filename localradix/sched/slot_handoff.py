@@ -37,7 +37,7 @@ MIN_SNAPSHOT_STRIDE = 32  # ...at least this many tokens apart (each costs a pre
 DECODE_SNAPSHOT_STRIDE = 16  # generated tokens between weak snapshots (see `cache_decoded`)
 
 if TYPE_CHECKING:
-    from localradix.mem.kv_tiers import KVTiers
+    from localradix.mem.kv_tiers import Fetched, KVTiers
     from localradix.runner.base import StateSnapshots
 
 
@@ -82,6 +82,8 @@ class SlotHandoff:
             return
         # The last token is always computed (its logits), so no snapshot is needed past it.
         match = self.cache.match_prefix(req.all_ids[:-1], extra_key=req.extra_key)
+        if promote and self.tiers:
+            match = self._promote_resumable(req, match)
         req.branch_at = match.matched_len
         req.prefix_match = self.cache.resume_point(match)
         cold = req.prefix_match.matched_len == 0 and not self.cache.disable
@@ -96,24 +98,57 @@ class SlotHandoff:
             return match  # nothing to load but the last token (always computed), or looked
         started = time.perf_counter()
         fetched = tiers.fetch(key, req.extra_key, start, self.prefill_cost())
-        if fetched is None:
+        if fetched is None or not self._load(req, match, fetched, started):
             req.tier_miss_at = start
             return match
-        self.cache.lock(match.last_node)  # nothing below may evict the path it continues
-        try:
-            slots = self.pool.alloc(fetched.end - start)
-            if slots is None:
+        return self.cache.match_prefix(key, extra_key=req.extra_key, count_hit=False)
+
+    def _promote_resumable(self, req: Req, match: MatchResult) -> MatchResult:
+        """For models with recurrent layers: `match` (of all but the last token), extended to
+        the deepest state snapshot the tiers keep past its resume point, with the KV up to it
+        (KV alone cannot resume such a model)."""
+        tiers, key, start = self.tiers, req.all_ids, match.matched_len
+        assert tiers is not None and self.cache.snapshots is not None
+        resume = self.cache.resume_point(match).matched_len
+        if resume >= len(key) - 1 or req.tier_miss_at == start:
+            return match
+        started = time.perf_counter()
+        fetched = None
+        if start < len(key) - 1:
+            fetched = tiers.fetch(key, req.extra_key, start, self.prefill_cost())
+        upto = min(fetched.end if fetched is not None else start, len(key) - 1)
+        found = tiers.fetch_state(key, req.extra_key, resume, upto)
+        if found is None:
+            req.tier_miss_at = start
+            return match
+        at, handle, nbytes = found
+        if fetched is not None and at > start:
+            if not self._load(req, match, fetched.cut(at), started):
+                self.cache.snapshots.release(handle)
                 req.tier_miss_at = start
                 return match
-            tiers.write(fetched, match.indices, slots)
+        node = self.cache.match_prefix(key[:at], req.extra_key, count_hit=False).last_node
+        self.cache.snapshots.attach(node, handle, nbytes)  # (released if it has one)
+        return self.cache.match_prefix(key[:-1], extra_key=req.extra_key, count_hit=False)
+
+    def _load(self, req: Req, match: MatchResult, fetched: Fetched, started: float) -> bool:
+        """Write `fetched` into fresh slots after `match` and insert them into the tree
+        (`started`: when reading began, for the load speed); False if the pool is short."""
+        assert self.tiers is not None
+        self.cache.lock(match.last_node)  # nothing below may evict the path it continues
+        try:
+            slots = self.pool.alloc(fetched.end - fetched.start)
+            if slots is None:
+                return False
+            self.tiers.write(fetched, match.indices, slots)
             path = np.concatenate([match.indices, slots])
-            already = self.cache.insert(key[: fetched.end], path, extra_key=req.extra_key)
-            if already > start:  # cannot happen on one thread; never leak slots if it does
-                self.pool.free(slots[: already - start])
+            already = self.cache.insert(req.all_ids[: fetched.end], path, extra_key=req.extra_key)
+            if already > fetched.start:  # cannot happen on one thread; never leak slots
+                self.pool.free(slots[: already - fetched.start])
         finally:
             self.cache.unlock(match.last_node)
-        tiers.loaded(fetched, time.perf_counter() - started)
-        return self.cache.match_prefix(key, extra_key=req.extra_key, count_hit=False)
+        self.tiers.loaded(fetched, time.perf_counter() - started)
+        return True
 
     def note_unresumed(self, req: Req, cached: int) -> None:
         """Count the cached tokens past `req`'s resume point (at its first admission)."""

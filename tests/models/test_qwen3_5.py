@@ -520,3 +520,35 @@ def test_tensor_parallel_refuses_qwen3_5():
     with pytest.raises(ValueError, match="--tp 2 does not split Qwen3_5ForCausalLM's gated"):
         Shard(0, 2).check(_config())
     Shard(0, 1).check(_config())
+
+
+def test_kv_and_state_snapshots_outlive_eviction_and_a_restart(qwen, refs, tmp_path):
+    """With the disk tier on, a hybrid's cached prefixes survive eviction and a restart: the
+    full-attention KV and the recurrent-state snapshots go down and come back, a request resumes
+    from a state loaded back, and its tokens are transformers'."""
+    folder, _ = qwen
+    disk = {"kv_disk_cache": str(tmp_path), "kv_disk_gib": 1.0}
+    systems = random_prompts(7, (70, 75, 72))
+    tails = random_prompts(8, (6, 9, 5))
+    chat = random_prompts(9, (20, 7))
+    with _engine(folder, max_total_tokens=200, **disk) as engine:  # holds about two
+        for system in systems:
+            assert engine.generate([system + tails[0]], _greedy())[0].token_ids == refs(
+                system + tails[0]
+            )
+        again = engine.generate([systems[0] + tails[1]], _greedy())[0]  # evicted: from disk
+        assert again.token_ids == refs(systems[0] + tails[1]) and again.cached_tokens >= 64
+        stats = engine.stats().kv_tiers
+        assert stats["demoted_states"] >= 1 and stats["promoted_states"] >= 1
+        turn = engine.generate([chat[0]], _greedy())[0]
+        engine.check_invariants(idle=True)
+    reply = chat[0] + turn.token_ids
+    with _engine(folder, **disk) as engine:  # a restart: nothing cached in memory
+        results = [engine.generate([s + tails[2]], _greedy())[0] for s in systems]
+        assert _tokens(results) == [refs(s + tails[2]) for s in systems]
+        assert all(r.cached_tokens >= 64 for r in results)  # the 64-token stride snapshots
+        follow = engine.generate([reply + chat[1]], _greedy())[0]  # the chat's next turn
+        assert follow.token_ids == refs(reply + chat[1])
+        assert follow.cached_tokens == len(reply) - 1  # its end-of-turn snapshot
+        assert engine.stats().kv_tiers["promoted_states"] >= 4
+        engine.check_invariants(idle=True)
