@@ -1,4 +1,5 @@
-"""Model loading: sources, Hugging Face folders, GGUF conversion, tokenizers, chat templates.
+"""Model loading: Hugging Face folders, GGUF conversion, tokenizers, chat templates (where a
+model comes from, `resolve_model` and `ModelSource`, is the store's: re-exported here).
 
 `resolve_model`, `load_tokenizer` and `load_model_config` import no torch (the API process uses
 them); `load_model` and `resolve_dtype` import it on first use.
