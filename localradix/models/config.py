@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from localradix.models.gemma4_config import Gemma4Extras, gemma4_fields
 from localradix.models.rope_scaling import (
     RopeScaling,
     json_tuples,
@@ -29,6 +30,7 @@ MODEL_TYPE_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
@@ -104,6 +106,10 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head joins every softmax denominator
     swiglu_limit: float = 0.0  # experts clamp gate (above) and up (both sides); 0 = plain SwiGLU
     swiglu_alpha: float = 1.0  # ... then (up + 1) * gate * sigmoid(alpha * gate)
+    # Gemma 4 (models/gemma4.py, gemma4_config.py): each KV layer's (kv_heads, head_dim), () =
+    # all (num_key_value_heads, head_dim); the rest of what it needs
+    kv_layer_shapes: tuple[tuple[int, int], ...] = ()
+    gemma4: Gemma4Extras | None = None
 
     @property
     def q_size(self) -> int:
@@ -122,9 +128,9 @@ class ModelConfig:
         return not self.rope_layers or self.rope_layers[layer]
 
     def layer_windows(self) -> tuple[int, ...]:
-        """Each layer's sliding window (keys p - window < j <= p), 0 = none; () = no layer
+        """Each KV layer's sliding window (keys p - window < j <= p), 0 = none; () = no layer
         has one. Attention backends apply them (`AttentionBackend.from_model_config`)."""
-        return self.windows if any(self.windows) else ()
+        return self.windows[: self.kv_layers] if any(self.windows) else ()
 
     def uses_moe(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts (transformers' Qwen3-MoE rule)."""
@@ -150,6 +156,7 @@ class ModelConfig:
             "YaRN RoPE scaling": self.rope_scaling.rope_type == "yarn",
             "attention sinks": self.attention_sinks,
             "clamped SwiGLU experts with biases (gpt-oss)": bool(self.swiglu_limit),
+            "Gemma 4 per-layer head sizes, shared KV and inputs": self.gemma4 is not None,
         }
         return [name for name, needed in found.items() if needed]
 
@@ -218,6 +225,11 @@ class ModelConfig:
             return _gpt_oss(config, d)
         if model_type in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
             return _qwen3_5(config, d)
+        if model_type == "gemma4_text":
+            fields = gemma4_fields(
+                d, config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+            )
+            return dataclasses.replace(config, **fields)
         return _gemma3(config, d) if model_type == "gemma3_text" else config
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,6 +245,8 @@ class ModelConfig:
         values["mlp_only_layers"] = tuple(values.get("mlp_only_layers", ()))
         values["windows"] = tuple(values.get("windows", ()))
         values["linear_layers"] = tuple(values.get("linear_layers", ()))
+        values["kv_layer_shapes"] = tuple(tuple(s) for s in values.get("kv_layer_shapes", ()))
+        values["gemma4"] = Gemma4Extras.from_dict(values.get("gemma4"))
         return ModelConfig(**values)
 
 
@@ -325,11 +339,12 @@ _GPT_OSS_YARN = {  # transformers' GptOssConfig default RoPE
 _MULTIMODAL = {  # model_type -> architecture of checkpoints whose text model is served alone
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "gemma4": "Gemma4ForConditionalGeneration",
 }
 
 
 def _text_model(d: dict[str, Any]) -> dict[str, Any]:
-    """A multimodal Qwen3.5 checkpoint's `text_config` (its vision tower is not loaded), under
+    """A multimodal Qwen3.5 or Gemma 4 checkpoint's `text_config` (its towers are not loaded), under
     the checkpoint's architecture; any other config as it is."""
     text = d.get("text_config")
     if d.get("model_type") not in _MULTIMODAL or not isinstance(text, dict):

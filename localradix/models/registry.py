@@ -21,6 +21,9 @@ MODEL_REGISTRY: Registry[Any] = Registry(
         "Qwen3MoeForCausalLM": _DECODER,  # ... with q/k norm, some layers maybe dense
         # Gemma 3 text: (1 + w) norms, four a layer, GeGLU, sliding-window layers
         "Gemma3ForCausalLM": "localradix.models.gemma3:Gemma3ForCausalLM",
+        # Gemma 4 text: per-layer head sizes, shared KV, per-layer inputs, optional experts
+        "Gemma4ForCausalLM": "localradix.models.gemma4:Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration": "localradix.models.gemma4:Gemma4ForCausalLM",
         # gpt-oss: attention sinks, sliding-window layers, YaRN, biased clamped-SwiGLU experts
         "GptOssForCausalLM": "localradix.models.gpt_oss:GptOssForCausalLM",
         # Qwen3.5: gated delta-net linear attention beside gated full attention

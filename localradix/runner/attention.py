@@ -61,6 +61,8 @@ class AttentionBackend(ABC):
     applies_windows = False
     # Whether `forward` applies `sinks` (a model whose config has `attention_sinks` passes them).
     applies_sinks = False
+    # Whether KV layers may differ in kv_heads / head_dim (`KVLayout.layer_shapes`: Gemma 4).
+    applies_mixed_shapes = False
 
     @classmethod
     def from_model_config(
@@ -73,7 +75,7 @@ class AttentionBackend(ABC):
     ) -> AttentionBackend:
         """Size the cache for a `ModelConfig` (anything with the fields used); pass on the
         model's per-layer sliding windows, or refuse a model that has some (or attention
-        sinks) when this backend cannot apply them."""
+        sinks, or KV layers of mixed shapes) when this backend cannot apply them."""
         layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
         make: Any = cls  # subclasses add keywords to __init__
         kwargs: dict[str, Any] = {}
@@ -83,6 +85,11 @@ class AttentionBackend(ABC):
             raise ValueError(
                 f"{cls.__name__} cannot apply {model}'s attention sinks: use the torch_native "
                 "or triton attention backend"
+            )
+        if not layout.uniform and not cls.applies_mixed_shapes:
+            raise ValueError(
+                f"{cls.__name__} cannot hold {model}'s KV layers of different head sizes: use "
+                "the torch_native or triton attention backend"
             )
         if any(windows):
             if not cls.applies_windows:

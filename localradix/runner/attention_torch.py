@@ -16,6 +16,7 @@ decode at long shared contexts spends its time on.
 Layers with a sliding window (`windows`, per layer; 0 = none: a query at position p sees keys
 p - window < j <= p) run on their own plan of the step, whose slot tables keep only the keys
 inside the window (extends: a banded mask). The cache keeps every slot; only reads are cut.
+Mixed KV shapes (Gemma 4): `k_cache`/`v_cache` are lists of per-layer views (kv_transfer.py).
 Layers without one run the plain plan and its fast paths.
 
 Attention sinks (gpt-oss: a logit per query head in the softmax's denominator, no value) have
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from localradix.runner import attention_plan as plans
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.kv_layout import KVLayout
+from localradix.runner.kv_transfer import allocate_kv, layer_caches
 from localradix.step import ForwardBatch
 
 # Read at each step, so a benchmark can move it (benchmarks/bench_attention.py).
@@ -86,14 +88,14 @@ class TorchNativeAttention(AttentionBackend):
     kv_dtype_may_differ = True
     applies_windows = True
     applies_sinks = True
+    applies_mixed_shapes = True
 
     def __init__(
         self, layout: KVLayout, device: torch.device | str, *, windows: Sequence[int] = ()
     ) -> None:
         super().__init__(layout, device)
-        shape = (layout.layers, *layout.slot_shape)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
+        self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
         self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
         if len(self.windows) != layout.layers or min(self.windows) < 0:
             raise ValueError(f"need one window >= 0 per layer ({layout.layers}): {windows}")

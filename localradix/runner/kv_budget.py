@@ -55,8 +55,8 @@ class KVBudget:
         (bfloat16) = 720 MiB (4 x 8,192-token context); set --max-total-tokens to change"."""
         s = self.shape
         return (
-            f"KV pool: {self.tokens:,} tokens x {s.layers} layers x {s.kv_heads} KV heads x "
-            f"{s.head_dim} dims x 2 (K, V) x {DTYPE_BYTES[s.dtype]} bytes ({s.dtype}) = "
+            f"KV pool: {self.tokens:,} tokens x {s.describe_layers()} x 2 (K, V) x "
+            f"{DTYPE_BYTES[s.dtype]} bytes ({s.dtype}) = "
             f"{_mib(self.bytes)} ({self.reason}); set --max-total-tokens to change"
         )
 

@@ -4,6 +4,9 @@ Every torch attention backend keeps K and V as `[layers, slots + 1, kv_heads, he
 paged ones as `[layers, pages, page_size, ...]`, the same memory). A token's KV leaves as one
 row of bytes: its K for every layer, then its V, so the tiers below the radix tree store and
 slice KV token by token without knowing the dtype.
+
+KV layers of mixed shapes (`KVLayout.layer_shapes`, Gemma 4) live in one such pair of tensors
+per shape (`allocate_kv`); a token's row is then each group's K then V, in group order.
 """
 
 from __future__ import annotations
@@ -13,20 +16,55 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from localradix.runner.kv_layout import KVLayout
+
+KVGroup = tuple[torch.Tensor, torch.Tensor]  # K and V [layers, slots + 1, kv_heads, head_dim]
+LayerCaches = torch.Tensor | list[torch.Tensor]  # indexed by KV layer: [slots + 1, heads, dim]
+
+
+def allocate_kv(layout: KVLayout, dtype: torch.dtype, device: torch.device | str) -> list[KVGroup]:
+    """Zeroed K and V for each distinct layer shape of `layout` (one pair when uniform)."""
+    groups = []
+    for heads, dim, layers in layout.groups:
+        shape = (len(layers), layout.slots + 1, heads, dim)
+        k = torch.zeros(shape, dtype=dtype, device=device)
+        groups.append((k, torch.zeros_like(k)))
+    return groups
+
+
+def layer_caches(layout: KVLayout, groups: Sequence[KVGroup]) -> tuple[LayerCaches, LayerCaches]:
+    """(k_cache, v_cache) indexed by KV layer: the one group's tensors when uniform, else lists
+    of per-layer views into the groups."""
+    if layout.uniform:
+        return groups[0]
+    place = {
+        layer: (g, i) for g, (_, _, ls) in enumerate(layout.groups) for i, layer in enumerate(ls)
+    }
+    order = [place[layer] for layer in range(layout.layers)]
+    return [groups[g][0][i] for g, i in order], [groups[g][1][i] for g, i in order]
+
 
 class TorchKVTransfer:
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        layers, heads, dim = k_cache.shape[0], k_cache.shape[-2], k_cache.shape[-1]
-        self.k = k_cache.view(layers, -1, heads, dim)  # slot-major whatever the paging
-        self.v = v_cache.view(layers, -1, heads, dim)
-        self.half = layers * heads * dim * k_cache.element_size()
-        self.bytes_per_token = 2 * self.half
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: KVGroup) -> None:
+        self.groups = [
+            (self._slot_major(k), self._slot_major(v)) for k, v in ((k_cache, v_cache), *more)
+        ]
+        self.halves = [
+            k.shape[0] * k.shape[2] * k.shape[3] * k.element_size() for k, _ in self.groups
+        ]
+        self.bytes_per_token = 2 * sum(self.halves)
+
+    @staticmethod
+    def _slot_major(cache: torch.Tensor) -> torch.Tensor:
+        layers, heads, dim = cache.shape[0], cache.shape[-2], cache.shape[-1]
+        return cache.view(layers, -1, heads, dim)  # slot-major whatever the paging
 
     @torch.no_grad()
     def read(self, slots: np.ndarray) -> np.ndarray:
-        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.k.device)
-        k, v = (self._rows(cache.index_select(1, index)) for cache in (self.k, self.v))
-        return torch.cat([k, v], dim=1).cpu().numpy()
+        device = self.groups[0][0].device
+        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
+        rows = [self._rows(cache.index_select(1, index)) for pair in self.groups for cache in pair]
+        return torch.cat(rows, dim=1).cpu().numpy()
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         done = 0
@@ -36,13 +74,17 @@ class TorchKVTransfer:
 
     @torch.no_grad()
     def _write(self, slots: np.ndarray, data: np.ndarray) -> None:
-        device = self.k.device
+        device = self.groups[0][0].device
         index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
         rows = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)
-        for cache, part in ((self.k, rows[:, : self.half]), (self.v, rows[:, self.half :])):
-            layers, _, heads, dim = cache.shape
-            tokens = part.view(cache.dtype).unflatten(1, (layers, heads, dim))  # views only
-            cache.index_copy_(1, index, tokens.transpose(0, 1))
+        start = 0
+        for pair, half in zip(self.groups, self.halves, strict=True):
+            for cache in pair:
+                part = rows[:, start : start + half]
+                start += half
+                layers, _, heads, dim = cache.shape
+                tokens = part.view(cache.dtype).unflatten(1, (layers, heads, dim))  # views only
+                cache.index_copy_(1, index, tokens.transpose(0, 1))
 
     @staticmethod
     def _rows(kv: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,11 @@ def resident_bytes(model: Any) -> int | None:
 
 
 def _kv_transfer(attn: AttentionBackend) -> TorchKVTransfer | None:
-    """Host copies of the backend's KV slots, when it keeps them in `k_cache`/`v_cache`."""
+    """Host copies of the backend's KV slots, when it keeps them in `k_cache`/`v_cache` (or,
+    for KV layers of mixed shapes, in one pair per shape: `kv_groups`)."""
+    groups = getattr(attn, "kv_groups", None)
+    if groups:
+        return TorchKVTransfer(*groups[0], *groups[1:])
     k, v = getattr(attn, "k_cache", None), getattr(attn, "v_cache", None)
     if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         return TorchKVTransfer(k, v)

@@ -76,11 +76,17 @@ def create_device_runner(
     from localradix.backends.torch_device import load_torch_model
 
     model, config, dtype = load_torch_model(args, source, target)
-    if attention == "flashinfer" and (any(config.layer_windows()) or config.attention_sinks):
-        # FlashInfer's paged kernels here take no per-layer windows or sinks: Triton's do
+    mixed = bool(getattr(config, "kv_layer_shapes", ()))  # Gemma 4's per-layer head sizes
+    if attention == "flashinfer" and (
+        any(config.layer_windows()) or config.attention_sinks or mixed
+    ):
+        # FlashInfer's paged kernels here take no per-layer windows, sinks or KV shapes: Triton's do
         has_triton = importlib.util.find_spec("triton") is not None
         attention = "triton" if has_triton else "torch_native"
-        logger.info("CUDA attention: %s (sliding-window layers or attention sinks)", attention)
+        logger.info(
+            "CUDA attention: %s (sliding-window layers, attention sinks or mixed KV shapes)",
+            attention,
+        )
     graphs = os.environ.get(DISABLE_GRAPHS_ENV, "") not in ("1", "true")
     runner = DeviceRunner(model, config, args, target.device, dtype, attention, graphs=graphs)
     return runner, config

@@ -14,7 +14,9 @@ refilled before a replay, and a split count fixed at capture.
 
 Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) and attention
 sinks (`sinks`, given with each layer's call) are applied in the kernels, for the model
-families that have them.
+families that have them. KV layers of mixed shapes (Gemma 4: `KVLayout.layer_shapes`) keep one
+cache tensor per shape, `k_cache[layer]` a view into its own; kernels take heads and head size
+from the layer's cache and its q.
 
 On a CPU this backend runs only on request (`--attention triton`), through Triton's
 interpreter: a way to test the kernels and the whole engine over them, not a fast path.
@@ -31,6 +33,7 @@ import torch
 
 from localradix.runner.attention import AttentionBackend
 from localradix.runner.kv_layout import KVLayout
+from localradix.runner.kv_transfer import allocate_kv, layer_caches
 from localradix.step import ForwardBatch
 
 MAX_SPLITS = 16  # decode splits of one request's keys (a power of two: the merge's block)
@@ -88,6 +91,7 @@ def _require_interpreter() -> None:
 class TritonAttention(AttentionBackend):
     applies_windows = True  # (`from_model_config` passes a model's windows in)
     applies_sinks = True
+    applies_mixed_shapes = True  # (each layer's K/V heads and head size come with its cache)
 
     def __init__(
         self,
@@ -103,9 +107,8 @@ class TritonAttention(AttentionBackend):
         from localradix.backends.cuda import triton_kernels
 
         self.kernels = triton_kernels
-        shape = (layout.layers, *layout.slot_shape)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
+        self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
         self.page_size = layout.page_size
         self.windows = tuple(windows) or (0,) * layout.layers
         self.logit_caps = tuple(logit_caps) or (0.0,) * layout.layers
@@ -189,11 +192,12 @@ class TritonAttention(AttentionBackend):
         sinks: torch.Tensor | None = None,
     ) -> None:
         reqs, heads, dim = q.shape
-        group = heads // self.num_kv_heads
+        kv_heads = k_cache.shape[1]
+        group = heads // kv_heads
         mid_o = torch.empty((reqs, heads, MAX_SPLITS, dim), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((reqs, heads, MAX_SPLITS), dtype=torch.float32, device=q.device)
         block_d = max(16, _next_power_of_2(dim))
-        self.kernels.decode_partial_kernel[(reqs, self.num_kv_heads, self._splits)](
+        self.kernels.decode_partial_kernel[(reqs, kv_heads, self._splits)](
             q, k_cache, v_cache, self._kv_indptr, self._kv_indices, self._seq_lens,
             mid_o, mid_lse, scale, self._splits,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
@@ -227,7 +231,7 @@ class TritonAttention(AttentionBackend):
             self._seq_lens, q if sinks is None else sinks, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-            GROUP=heads // self.num_kv_heads, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            GROUP=heads // k_cache.shape[1], HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_D=max(16, _next_power_of_2(dim)), window=window, logit_cap=cap,
             HAS_SINKS=sinks is not None,
         )  # fmt: skip

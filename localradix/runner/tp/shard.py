@@ -64,8 +64,8 @@ class Shard:
                 f"--tp {n} does not split {c.architecture}'s gated delta-net layers: "
                 "serve it with --tp 1"
             )
-        # Gemma 3's block, gpt-oss's sinks and o_proj bias: sharding not wired or tested yet
-        if (c.offset_norms or c.attention_sinks) and n > 1:
+        # Gemma 3's and 4's blocks, gpt-oss's sinks and o_proj bias: sharding not wired yet
+        if (c.offset_norms or c.attention_sinks or c.gemma4) and n > 1:
             raise ValueError(f"--tp {n} does not split {c.architecture} yet: serve it with --tp 1")
         problems = []
         if c.num_attention_heads % n:
