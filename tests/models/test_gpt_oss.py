@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts, requires_mlx
+from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
 
 from localradix import Engine, SamplingParams
 from localradix.models import ModelConfig
@@ -446,9 +446,3 @@ def test_tensor_parallel_refuses_gpt_oss():
     with pytest.raises(ValueError, match="--tp 2 does not split GptOssForCausalLM"):
         Shard(0, 2).check(_config())
     Shard(0, 1).check(_config())
-
-
-@requires_mlx
-def test_mlx_refuses_gpt_oss(gpt_oss):
-    with pytest.raises(ValueError, match="MLX backend does not implement .*attention sinks"):
-        Engine(str(gpt_oss[0]), backend="mlx", dtype="float32", max_total_tokens=512)

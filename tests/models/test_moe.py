@@ -1,7 +1,8 @@
 """Mixture of experts: Mixtral and Qwen3-MoE (some layers dense, top-k renormalised or not)
 through the Engine on the CPU backend, greedy token for token like transformers: alone, batched
 and cached, chunked, retracted. Also the MoE block against transformers' on both of its paths,
-no host sync in its forward, the weight names, config parsing and the TP / MLX refusals."""
+no host sync in its forward, the weight names, config parsing and the TP refusal. (MLX:
+tests/backends/test_mlx_families.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from engine.conftest import (
     _word_level_tokenizer,
     hf_greedy,
     random_prompts,
-    requires_mlx,
 )
 
 from localradix import Engine, SamplingParams
@@ -348,9 +348,3 @@ def test_tensor_parallel_refuses_experts():
         with pytest.raises(ValueError, match=f"--tp 2 does not split {arch}'s mixture of experts"):
             Shard(0, 2).check(_config(name))
         Shard(0, 1).check(_config(name))
-
-
-@requires_mlx
-def test_mlx_refuses_experts(models):
-    with pytest.raises(ValueError, match="MLX backend does not implement mixture of experts"):
-        Engine(str(models["mixtral"][0]), backend="mlx", dtype="float32", max_total_tokens=512)

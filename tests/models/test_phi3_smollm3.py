@@ -1,6 +1,7 @@
 """Phi-3 / Phi-4-mini (fused weights, longrope, partial RoPE) and SmolLM3 (layers without RoPE)
 through the Engine on the CPU backend, greedy token for token like transformers: alone, batched
-and cached, chunked, retracted. Also their config parsing, RoPE tables and TP refusal."""
+and cached, chunked, retracted. Also their config parsing, RoPE tables and TP refusal. (MLX:
+tests/backends/test_mlx_families.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from engine.conftest import (
     _word_level_tokenizer,
     hf_greedy,
     random_prompts,
-    requires_mlx,
 )
 
 from localradix import Engine, SamplingParams
@@ -235,9 +235,3 @@ def test_tensor_parallel_refuses_fused_weights_only():
     Shard(0, 2).check(_config("smollm3"))  # NoPE layers split by heads like any other
     local = Shard(1, 2).local_config(_config("smollm3"))
     assert local.rope_layers == (True, False, True, False)
-
-
-@requires_mlx
-def test_mlx_refuses_what_its_decoder_lacks(models):
-    with pytest.raises(ValueError, match="MLX backend does not implement layers without RoPE"):
-        Engine(str(models["smollm3"][0]), backend="mlx", dtype="float32", max_total_tokens=512)

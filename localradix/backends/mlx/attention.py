@@ -6,10 +6,17 @@ on torch. Per layer: the new tokens' K/V are scattered to `out_slots`; all decod
 as one batched SDPA over K/V gathered into a padded [B, L] slot table; each extend request runs
 its own SDPA with a causal mask shifted by its cached prefix (plain "causal" without a prefix).
 Decode requests on a shared cached prefix attend to it once per group (cascade), as on torch.
+
+Layers with a sliding window (`windows`, per layer; 0 = none: a query at position p sees keys
+p - window < j <= p: Gemma 3, gpt-oss) attend by their own plan of the step, whose slot tables
+keep only the keys inside the window (extends: a banded mask). Every slot stays cached, windowed
+layers only read less, so a radix-cache hit of any length is exact. Attention sinks (gpt-oss)
+go to SDPA as they are; the cascade merges them like one more key without a value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -39,6 +46,13 @@ class _ExtendPlan:
     mask: mx.array | None  # bool [E, S] causal mask offset by the prefix
 
 
+@dataclass(frozen=True)
+class _StepPlan:
+    decode: _DecodePlan | None
+    extends: list[_ExtendPlan]
+    order: mx.array | None  # rows of the concatenated pieces, in token order; None = in order
+
+
 def _ints(array: np.ndarray) -> mx.array:
     return mx.array(np.ascontiguousarray(array, dtype=np.int32))
 
@@ -46,16 +60,17 @@ def _ints(array: np.ndarray) -> mx.array:
 class MLXPagedAttention:
     """Same protocol as `runner.attention.AttentionBackend`: prepare(batch), then forward per layer."""
 
-    def __init__(self, layout: KVLayout, dtype: mx.Dtype) -> None:
+    def __init__(self, layout: KVLayout, dtype: mx.Dtype, windows: Sequence[int] = ()) -> None:
         self.layout = layout
         self.num_slots = layout.slots
         self.k_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
         self.v_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
         mx.eval(self.k_cache, self.v_cache)
+        self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
+        if len(self.windows) != layout.layers or min(self.windows) < 0:
+            raise ValueError(f"need one window >= 0 per layer ({layout.layers}): {windows}")
         self._out_slots = _ints(np.zeros(0))
-        self._decode: _DecodePlan | None = None
-        self._extends: list[_ExtendPlan] = []
-        self._order: mx.array | None = None  # rows of the concatenated pieces, in token order
+        self._plans: dict[int, _StepPlan] = {}  # window -> the step's plan for its layers
 
     def state(self) -> list[mx.array]:
         """The cache arrays, for `mx.eval` at the end of a step (keeps the graph one step deep)."""
@@ -63,75 +78,95 @@ class MLXPagedAttention:
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._out_slots = _ints(batch.out_slots)
-        plan = plans.plan_attention(batch)  # one decode group: MLX gathers lazily
-        self._decode = _decode_plan(plan.decodes[0]) if plan.decodes else None
-        self._extends = [_extend_plan(extend) for extend in plan.extends]
-        self._order = self._plan_order(batch.num_tokens)
+        longest = int(batch.seq_lens.max()) if batch.num_reqs else 0
+        self._plans = {}
+        for window in sorted(set(self.windows)):
+            key = 0 if window >= longest else window  # a window that hides no key this step
+            if key not in self._plans:
+                self._plans[key] = _step_plan(batch, key)
+            self._plans[window] = self._plans[key]
 
     def forward(
-        self, q: mx.array, k: mx.array, v: mx.array, layer_id: int, scale: float
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        layer_id: int,
+        scale: float,
+        sinks: mx.array | None = None,
     ) -> mx.array:
-        """q [T, Hq, D], k/v [T, Hkv, D] of the new tokens -> [T, Hq * D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] of the new tokens -> [T, Hq * D]. `sinks`: [Hq] logits
+        in q's dtype that join each head's softmax denominator (gpt-oss)."""
         self.k_cache[layer_id][self._out_slots] = k
         self.v_cache[layer_id][self._out_slots] = v
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
+        step = self._plans[self.windows[layer_id]]
         pieces = []
-        if self._decode is not None:
-            index = self._decode.row_index
+        if step.decode is not None:
+            index = step.decode.row_index
             q_decode = q if index is None else q[index]
-            pieces.append(self._attend_decode(q_decode, k_cache, v_cache, scale))
-        for plan in self._extends:
-            pieces.append(self._attend_extend(plan, q, k, v, k_cache, v_cache, scale))
+            pieces.append(_attend_decode(step.decode, q_decode, k_cache, v_cache, scale, sinks))
+        for plan in step.extends:
+            pieces.append(_attend_extend(plan, q, k, v, k_cache, v_cache, scale, sinks))
         out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
-        return out if self._order is None else out[self._order]
+        return out if step.order is None else out[step.order]
 
-    # -- per-group attention -------------------------------------------------------------
 
-    def _attend_decode(self, q: mx.array, k_cache: mx.array, v_cache: mx.array, scale: float):
-        plan = self._decode
-        assert plan is not None
-        batch = q.shape[0]
-        if plan.shared:
-            return _cascade(plan, q, k_cache, v_cache, scale)
-        if isinstance(plan.slots, slice):  # one request on contiguous slots
-            keys, values = k_cache[plan.slots][None], v_cache[plan.slots][None]
-        else:
-            keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
-        out = mx.fast.scaled_dot_product_attention(
-            q[:, :, None, :],  # [B, Hq, 1, D]
-            keys.transpose(0, 2, 1, 3),
-            values.transpose(0, 2, 1, 3),
-            scale=scale,
-            mask=plan.mask,
-        )
-        return out.reshape(batch, -1)
+# -- per-group attention -----------------------------------------------------------------
 
-    def _attend_extend(self, plan: _ExtendPlan, q, k, v, k_cache, v_cache, scale: float):
-        rows = slice(plan.start, plan.end)
-        mask: mx.array | str | None
-        if plan.slots is None:
-            keys, values, mask = k[rows], v[rows], "causal"  # no prefix: new tokens are all
-        else:
-            keys, values, mask = k_cache[plan.slots], v_cache[plan.slots], plan.mask
-        out = mx.fast.scaled_dot_product_attention(
-            q[rows].transpose(1, 0, 2)[None],  # [1, Hq, E, D]
-            keys.transpose(1, 0, 2)[None],
-            values.transpose(1, 0, 2)[None],
-            scale=scale,
-            mask=mask,
-        )
-        return out[0].transpose(1, 0, 2).reshape(plan.end - plan.start, -1)
 
-    # -- planning (numpy -> MLX index arrays, once per step) ------------------------------
+def _attend_decode(plan: _DecodePlan, q, k_cache, v_cache, scale: float, sinks):
+    batch = q.shape[0]
+    if plan.shared:
+        return _cascade(plan, q, k_cache, v_cache, scale, sinks)
+    if isinstance(plan.slots, slice):  # one request on contiguous slots
+        keys, values = k_cache[plan.slots][None], v_cache[plan.slots][None]
+    else:
+        keys, values = k_cache[plan.slots], v_cache[plan.slots]  # [B, L, Hkv, D]
+    out = mx.fast.scaled_dot_product_attention(
+        q[:, :, None, :],  # [B, Hq, 1, D]
+        keys.transpose(0, 2, 1, 3),
+        values.transpose(0, 2, 1, 3),
+        scale=scale,
+        mask=plan.mask,
+        sinks=sinks,
+    )
+    return out.reshape(batch, -1)
 
-    def _plan_order(self, num_tokens: int) -> mx.array | None:
-        """Pieces come out as [decode rows..., extend 0, extend 1, ...]; None = already in order."""
-        parts = [] if self._decode is None else [self._decode.rows]
-        parts += [np.arange(p.start, p.end) for p in self._extends]
-        produced = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        if np.array_equal(produced, np.arange(num_tokens)):
-            return None
-        return _ints(np.argsort(produced, kind="stable"))
+
+def _attend_extend(plan: _ExtendPlan, q, k, v, k_cache, v_cache, scale: float, sinks):
+    rows = slice(plan.start, plan.end)
+    mask: mx.array | str | None
+    if plan.slots is None:
+        keys, values, mask = k[rows], v[rows], "causal"  # no prefix: new tokens are all
+    else:  # a cached prefix (causal mask shifted by it), or a window's band
+        keys, values, mask = k_cache[plan.slots], v_cache[plan.slots], plan.mask
+    out = mx.fast.scaled_dot_product_attention(
+        q[rows].transpose(1, 0, 2)[None],  # [1, Hq, E, D]
+        keys.transpose(1, 0, 2)[None],
+        values.transpose(1, 0, 2)[None],
+        scale=scale,
+        mask=mask,
+        sinks=sinks,
+    )
+    return out[0].transpose(1, 0, 2).reshape(plan.end - plan.start, -1)
+
+
+# -- planning (numpy -> MLX index arrays, once per step) ----------------------------------
+
+
+def _step_plan(batch: ForwardBatch, window: int) -> _StepPlan:
+    plan = plans.plan_attention(batch, window=window)  # one decode group: MLX gathers lazily
+    decode = _decode_plan(plan.decodes[0]) if plan.decodes else None
+    extends = [_extend_plan(extend) for extend in plan.extends]
+    # pieces come out as [decode rows..., extend 0, extend 1, ...]
+    parts = [] if decode is None else [decode.rows]
+    parts += [np.arange(p.start, p.end) for p in extends]
+    produced = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    in_order = np.array_equal(produced, np.arange(batch.num_tokens))
+    return _StepPlan(
+        decode, extends, None if in_order else _ints(np.argsort(produced, kind="stable"))
+    )
 
 
 def _decode_plan(group: plans.DecodeGroup) -> _DecodePlan:
@@ -165,7 +200,12 @@ def _partial(
 
 
 def _cascade(
-    plan: _DecodePlan, q: mx.array, k_cache: mx.array, v_cache: mx.array, scale: float
+    plan: _DecodePlan,
+    q: mx.array,
+    k_cache: mx.array,
+    v_cache: mx.array,
+    scale: float,
+    sinks: mx.array | None,
 ) -> mx.array:
     """Decode attention with shared prefixes: q [B, Hq, D] -> [B, Hq * D] (as on torch)."""
     batch, num_heads, head_dim = q.shape
@@ -188,4 +228,9 @@ def _cascade(
         total[rows] = total[rows] * own + s_total * other
         out[rows] = out[rows] * own + s_out * other
         top[rows] = new_top
+    if sinks is not None:  # one more logit per head, in the denominator only
+        sink = sinks.astype(mx.float32).reshape(1, kv_heads, -1, 1)
+        new_top = mx.maximum(top, sink)
+        own = mx.exp(top - new_top)
+        total, out = total * own + mx.exp(sink - new_top), out * own
     return (out / total).astype(q.dtype).reshape(batch, -1)

@@ -38,6 +38,40 @@ logger = logging.getLogger("localradix.runner")
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
+def mlx_lacks(c: ModelConfig) -> list[str]:
+    """What `c` needs that the MLX models do not implement, by name (empty for the families
+    they implement: the Llama-style decoder with its Phi-3, SmolLM3 and MoE variants, Gemma 3,
+    gpt-oss)."""
+    gemma3, gpt_oss = c.model_type == "gemma3_text", c.model_type == "gpt_oss"
+    found = {
+        "gated delta-net linear attention layers": any(c.linear_layers),
+        "gated attention output (Qwen3.5)": c.attn_output_gate,
+        "shared experts": bool(c.shared_expert_size),
+        "Gemma 4 per-layer head sizes, shared KV and inputs": c.gemma4 is not None,
+        "per-layer KV head shapes": bool(c.kv_layer_shapes),
+        "sliding-window attention layers": bool(c.layer_windows()) and not (gemma3 or gpt_oss),
+        "(1 + weight) RMSNorms": c.offset_norms and not gemma3,
+        "scaled embeddings": c.embed_scale != 1.0 and not gemma3,
+        "final logit soft-capping": bool(c.final_logit_softcap) and not gemma3,
+        "attention logit soft-capping (Gemma 2)": bool(c.attn_logit_softcap),
+        "attention sinks": c.attention_sinks and not gpt_oss,
+        "clamped SwiGLU experts with biases": bool(c.swiglu_limit) and not gpt_oss,
+    }
+    return [name for name, needed in found.items() if needed]
+
+
+def mlx_model_class(c: ModelConfig) -> type[MLXDecoderForCausalLM]:
+    if c.model_type == "gemma3_text":
+        from localradix.backends.mlx.gemma3 import MLXGemma3ForCausalLM
+
+        return MLXGemma3ForCausalLM
+    if c.model_type == "gpt_oss":
+        from localradix.backends.mlx.gpt_oss import MLXGptOssForCausalLM
+
+        return MLXGptOssForCausalLM
+    return MLXDecoderForCausalLM
+
+
 def create_mlx_runner(
     args: ServerArgs, source: ModelSource, target: Target
 ) -> tuple[MLXRunner, ModelConfig]:
@@ -46,12 +80,14 @@ def create_mlx_runner(
         config, weights = load_weights(source, args.quantize)
         if not is_supported(config.architecture):
             raise ValueError(f"model architecture {config.architecture!r} is not supported by MLX")
-        if config.extensions():  # the torch decoder has them, the MLX twin not yet
+        lacking = mlx_lacks(config)
+        if lacking:
             raise ValueError(
-                f"the MLX backend does not implement {', '.join(config.extensions())} "
-                f"({config.architecture}): serve it with --backend cpu (or a GPU backend)"
+                f"the MLX backend does not implement {', '.join(lacking)} "
+                f"({config.architecture}): serve it with --backend cpu (or a GPU backend) "
+                "or, as a GGUF, with --backend llamacpp"
             )
-        model = MLXDecoderForCausalLM(config, weights, DTYPES[target.dtype])
+        model = mlx_model_class(config)(config, weights, DTYPES[target.dtype])
     del weights  # before the KV budget is taken from what memory is left
     logger.info("Weights: %.1f MiB resident in MLX arrays", model.weight_bytes / 2**20)
     return MLXRunner(model, config, args, device), config
@@ -73,7 +109,9 @@ class MLXRunner(ModelRunner):
         self.kv_budget = plan_kv_budget(args, shape, context_len, available)
         self.kv_capacity = self.kv_budget.tokens
         with mx.stream(device):
-            self.attn = MLXPagedAttention(shape.with_slots(self.kv_capacity), self.dtype)
+            self.attn = MLXPagedAttention(
+                shape.with_slots(self.kv_capacity), self.dtype, config.layer_windows()
+            )
         self.kv_transfer = MLXKVTransfer(self.attn, device)
         logger.info("%s; MLX arrays on %s", self.kv_budget.describe(), device)
 
