@@ -5,7 +5,7 @@ Config and tokenizer files are derived once into a cache folder (`$LOCALRADIX_CA
 version): config.json, tokenizer.json, tokenizer_config.json, generation_config.json. They are
 cheap and written by whoever needs them first (the API process).
 
-The weights (dequantized, with llama.cpp's Q/K permutation undone) of models up to
+The weights (dequantized, with llama.cpp's converter's changes undone: `gguf_tensors`) of models up to
 DIRECT_LOAD_MAX_PARAMS are read straight from the GGUF at every start: the bundled 135M model
 dequantizes in about a second, where a float32 copy would take 515 MB of disk. Bigger models are
 converted once into the cache folder's model.safetensors (16-bit past FLOAT32_CACHE_MAX_PARAMS),
@@ -21,12 +21,15 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from localradix.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from localradix.gguf_file import GGUFFile, read_gguf
 from localradix.paths import cache_root
+
+if TYPE_CHECKING:
+    from localradix.loader.gguf_tensors import HFTensor
 
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -60,11 +63,10 @@ def needs_converted_copy(gguf_path: Path) -> bool:
 
 def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array) of every weight, dequantized from the GGUF one at a time."""
-    gguf = read_gguf(gguf_path)
-    for name, tensor in _hf_tensors(gguf):
-        array = _dequantized(gguf, name, tensor)
+    for tensor in _hf_tensors(read_gguf(gguf_path)):
+        array = tensor.load()
         # float32 tensors come back as views of the read-only map: the model owns a copy.
-        yield name, array if array.flags.writeable else array.copy()
+        yield tensor.name, array if array.flags.writeable else array.copy()
 
 
 def ensure_gguf_model(gguf_path: Path) -> Path:
@@ -84,7 +86,8 @@ def _write_metadata_files(folder: Path, gguf: GGUFFile) -> None:
     from localradix.loader.gguf_tokenizer import build_gguf_tokenizer
 
     meta = gguf.metadata
-    config = hf_config(meta, {t.name for t in gguf.tensors})
+    tensors = {t.name: t for t in gguf.tensors}
+    config = hf_config(meta, set(tensors), lambda name: tensors[name].dequantize())
     tokenizer, tokenizer_config = build_gguf_tokenizer(meta)
     folder.mkdir(parents=True, exist_ok=True)
     _atomic_write(folder / "tokenizer.json", tokenizer.to_str().encode())
@@ -97,16 +100,16 @@ def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
     from tqdm import tqdm
 
     tensors = _hf_tensors(gguf)
-    total = sum(t.n_elements for _, t in tensors)
-    plan = [(name, t, _cache_dtype(t, total)) for name, t in tensors]
+    total = sum(t.n_elements for t in tensors)
+    plan = [(t, _cache_dtype(t.qtype, total)) for t in tensors]
     header = _safetensors_header(plan)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     bar = tqdm(total=total, unit="w", unit_scale=True, desc=f"Converting {label} (first run)")
     try:
         with open(tmp, "wb") as f, bar:
             f.write(header)
-            for name, t, dtype in plan:
-                array = _dequantized(gguf, name, t)
+            for t, dtype in plan:
+                array = t.load()
                 f.write(np.ascontiguousarray(array, dtype=dtype).tobytes())
                 bar.update(t.n_elements)
         os.replace(tmp, path)
@@ -114,46 +117,36 @@ def _write_weights(path: Path, gguf: GGUFFile, label: str) -> None:
         tmp.unlink(missing_ok=True)  # only left behind when the conversion failed
 
 
-def _hf_tensors(gguf: GGUFFile) -> list[tuple[str, GGUFTensor]]:
-    """The GGUF's tensors that the model loads, under their Hugging Face names."""
-    from localradix.loader.gguf_metadata import hf_tensor_name
+def _hf_tensors(gguf: GGUFFile) -> list[HFTensor]:
+    """The Hugging Face parameters the model loads, each with its GGUF source tensors."""
+    from localradix.loader.gguf_tensors import tensor_plan
 
-    named = [(hf_tensor_name(t.name), t) for t in gguf.tensors]
-    return [(name, t) for name, t in named if name is not None]
+    return tensor_plan(gguf)
 
 
 def _total_params(gguf: GGUFFile) -> int:
-    return sum(t.n_elements for _, t in _hf_tensors(gguf))
+    return sum(t.n_elements for t in _hf_tensors(gguf))
 
 
-def _dequantized(gguf: GGUFFile, name: str, tensor: GGUFTensor) -> np.ndarray:
-    """float32, with llama.cpp's Q/K head permutation undone."""
-    from localradix.loader.gguf_metadata import qk_heads, unpermute_qk
-
-    array = tensor.dequantize()
-    heads = qk_heads(gguf.metadata, name)
-    return array if heads is None else unpermute_qk(array, heads)
-
-
-def _cache_dtype(tensor: GGUFTensor, total_params: int) -> np.dtype:
+def _cache_dtype(qtype: int, total_params: int) -> np.dtype:
     from gguf import GGMLQuantizationType as Q
 
-    if tensor.qtype == Q.F16:
+    if qtype == Q.F16:
         return np.dtype(np.float16)
-    if tensor.qtype == Q.F32 or total_params <= FLOAT32_CACHE_MAX_PARAMS:
+    if qtype == Q.F32 or total_params <= FLOAT32_CACHE_MAX_PARAMS:
         return np.dtype(np.float32)
     return np.dtype(np.float16)  # BF16 and quantized tensors of big models
 
 
-def _safetensors_header(plan: list[tuple[str, GGUFTensor, np.dtype]]) -> bytes:
+def _safetensors_header(plan: list[tuple[HFTensor, np.dtype]]) -> bytes:
     """The safetensors header for tensors written back to back in `plan` order."""
     codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
     entries: dict[str, Any] = {"__metadata__": {"format": "pt", "source": "gguf"}}
     offset = 0
-    for name, t, dtype in plan:
+    for t, dtype in plan:
         shape = [int(d) for d in t.shape]
         size = int(np.prod(shape)) * dtype.itemsize
-        entries[name] = {
+        entries[t.name] = {
             "dtype": codes[dtype],
             "shape": shape,
             "data_offsets": [offset, offset + size],

@@ -55,13 +55,26 @@ def test_a_sliding_window_is_recorded():
 
 
 def test_torch_refuses_an_architecture_it_does_not_implement_naming_llamacpp():
-    with pytest.raises(ValueError, match=r"'qwen35'.*serve it with --backend llamacpp"):
-        hf_config(HYBRID, set())
+    with pytest.raises(ValueError, match=r"'lfm2'.*serve it with --backend llamacpp"):
+        hf_config(_as("lfm2"), set())
 
 
-def test_torch_refuses_a_mixture_of_experts_gguf_naming_llamacpp():
-    meta = {k.replace("qwen35", "llama"): v for k, v in HYBRID.items()}
-    meta["general.architecture"] = "llama"
-    names = {"token_embd.weight", "blk.0.ffn_gate_exps.weight", "blk.0.attn_q.weight"}
-    with pytest.raises(ValueError, match=r"mixture-of-experts.*--backend llamacpp"):
-        hf_config(meta, names)
+def _as(arch: str) -> dict:
+    meta = {k.replace("qwen35", arch): v for k, v in HYBRID.items()}
+    meta["general.architecture"] = arch
+    return meta
+
+
+EXPERT_NAMES = {"token_embd.weight", "blk.0.ffn_gate_exps.weight", "blk.0.attn_q.weight"}
+
+
+def test_a_llama_gguf_with_experts_is_mixtral():
+    meta = {**_as("llama"), "llama.expert_count": 8, "llama.expert_used_count": 2}
+    config = hf_config(meta, EXPERT_NAMES)
+    assert config["architectures"] == ["MixtralForCausalLM"]
+    assert (config["num_local_experts"], config["num_experts_per_tok"]) == (8, 2)
+
+
+def test_torch_refuses_experts_in_an_architecture_without_them_naming_llamacpp():
+    with pytest.raises(ValueError, match=r"'qwen3' GGUFs with experts.*--backend llamacpp"):
+        hf_config(_as("qwen3"), EXPERT_NAMES)

@@ -30,6 +30,9 @@ FLOATS = {F32, F16, 28, 30}  # and F64, BF16
 NATIVE_BITS = {Q4_0: 4, Q4_1: 4, Q8_0: 8}
 
 Weight = mx.array | Quantized
+# GGUF architectures whose tensors map to MLX's names as they are (no expert stacking, fused
+# weights or converter transformations to undo: those are the torch loader's `gguf_tensors`).
+PLAIN_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def load_gguf_weights(path: Path, quantize_to: str = "auto") -> dict[str, Weight]:
@@ -39,6 +42,14 @@ def load_gguf_weights(path: Path, quantize_to: str = "auto") -> dict[str, Weight
     (dequantize those to float16), or a `--quantize` choice (re-quantize them to that).
     """
     gguf = read_gguf(path)
+    arch = gguf.metadata.get("general.architecture")
+    experts = any("_exps." in t.name for t in gguf.tensors)
+    if arch not in PLAIN_ARCHITECTURES or experts:
+        what = f"{arch} GGUFs" + (" with experts" if experts else "")
+        raise ValueError(
+            f"the MLX backend loads GGUFs of {', '.join(PLAIN_ARCHITECTURES)} only, not {what}: "
+            "serve it with --backend cpu (or a GPU backend) or --backend llamacpp"
+        )
     out: dict[str, Weight] = {}
     requantized: Counter[str] = Counter()
     for t in gguf.tensors:
