@@ -2,14 +2,15 @@
 
 The disk tier's folder is per model fingerprint: the weights file(s) (name, size, and the
 bytes at both ends, which hold a GGUF's metadata and a sample of its tensors), the backend,
-the weight and KV dtypes, the KV layout and the page size. Anything that changes what KV a
-token gets changes the fingerprint, so a different model, quantization or backend never
-reads another's KV.
+the weight and KV dtypes, the KV layout, the page size and localradix's version. Anything that
+changes what KV a token gets changes the fingerprint, so a different model, quantization,
+backend or release never reads another's KV.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import time
@@ -31,6 +32,13 @@ SAMPLE_BYTES = 1 << 20  # read at each end of every weights file
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin", ".npz", ".pt")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("localradix")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout run in place
+        return "source"
+
+
 def open_tiers(
     args: ServerArgs, source: ModelSource, target: Target, runner: Any, config: Any
 ) -> KVTiers | None:
@@ -48,6 +56,8 @@ def open_tiers(
         )
         return None
     parts = {
+        # A new version may compute KV differently (a loader or kernel fix): it starts afresh.
+        "localradix": _version(),
         "architecture": getattr(config, "architecture", ""),
         "backend": target.backend,
         "dtype": target.dtype,
