@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from localradix import Engine, SamplingParams
@@ -378,8 +378,22 @@ def _workloads(draw: st.DrawFn) -> list[tuple[int, tuple[int, ...], int | None]]
     return jobs
 
 
+def _agrees(hf, prompt: list[int], got: list[int], want: list[int], tol: float = 1e-4) -> bool:
+    """Greedy tokens equal, or parting where transformers' top two logits are within `tol`: a
+    tie that float rounding between chunkings may break either way (logits agree to ~6e-5)."""
+    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if i is None:
+        return len(got) == len(want)
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + want[:i]])).logits[0, -1]
+    return float(logits[want[i]] - logits[got[i]]) < tol
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(work=_workloads(), pool=st.sampled_from([150, 600]), chunk=st.sampled_from([0, 16]))
+# Found by hypothesis: this prompt's first greedy token is a tie (top two 6e-6 apart), which
+# the snapshot stop at 32 tokens breaks the other way.
+@example(work=[(0, (*range(300, 336), 22, 223, 95), None)], pool=150, chunk=0)
 def test_random_workloads_match_transformers_and_leak_nothing(qwen, refs, work, pool, chunk):
     """Shared stems, aborts, a small pool (eviction, retraction) and a snapshot budget of a
     few: every request that runs to its end gives transformers' tokens; when idle the runner
@@ -423,7 +437,9 @@ def test_random_workloads_match_transformers_and_leak_nothing(qwen, refs, work, 
         core.close()
     for i, (_, prompt, abort) in enumerate(work):
         if abort is None:
-            assert got[str(i)] == refs(list(prompt), 6), f"request {i}"
+            assert _agrees(qwen[1], list(prompt), got[str(i)], refs(list(prompt), 6)), (
+                f"request {i}"
+            )
 
 
 def _serve(runner, prompts: list[list[int]]) -> list[list[int]]:
