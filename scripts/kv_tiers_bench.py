@@ -86,7 +86,9 @@ def restart(model: str, shared: int, repeats: int, backend: str) -> dict:
     with Engine(model, backend=backend, kv_disk_cache="off", max_total_tokens=1024) as e:
         document, questions = document_and_questions(e, shared, 2 + 2 * repeats)
     disk = tempfile.mkdtemp(prefix="kv-disk-")
-    kw = {"backend": backend, "kv_disk_gib": 4.0, "max_total_tokens": 16384}
+    # Fixed prefill chunks (no time-based step budget): every server computes the shared KV in
+    # the same chunks, so answers can be compared bit for bit, not up to timing-dependent rounding
+    kw = {"backend": backend, "kv_disk_gib": 4.0, "max_total_tokens": 16384, "step_budget_ms": 0}
     cold, warm, from_disk, from_cache, cached, stop_s = [], [], [], [], [], []
     versus_hit, versus_cold = [], []
     for r in range(repeats):
