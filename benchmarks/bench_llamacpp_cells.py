@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.loader import resolve_model
+from localradix.loader.llama_openmp import settle_openmp
 
 IDLE_SEQ = 512  # tokens per idle sequence
 FIRST_IDLE_SEQ = 100  # idle sequences' ids start here, past the decoding ones

@@ -172,7 +172,7 @@ class LlamaVocabTokenizer(ChatTokenizer):
 def _llama_module() -> Any:
     """llama_cpp's C bindings, imported as the runner imports them, with llama.cpp's log
     quiet unless someone (the runner at --log-level debug) already chose a level."""
-    from localradix.backends.llamacpp.openmp import settle_openmp
+    from localradix.loader.llama_openmp import settle_openmp
 
     settle_openmp()
     import llama_cpp.llama_cpp as llama

@@ -6,7 +6,7 @@ from localradix.platform import Availability
 
 
 def probe(explicit: bool) -> Availability:
-    from localradix.backends.llamacpp.openmp import settle_openmp
+    from localradix.loader.llama_openmp import settle_openmp
 
     settle_openmp()
     import llama_cpp

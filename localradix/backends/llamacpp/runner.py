@@ -27,9 +27,9 @@ from localradix.backends.llamacpp import SPEC
 from localradix.backends.llamacpp.batch import LlamaBatch
 from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
 from localradix.backends.llamacpp.kv_transfer import LlamaKVTransfer, save_state
-from localradix.backends.llamacpp.openmp import settle_openmp
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.backends.llamacpp.states import LlamaStates
+from localradix.loader.llama_openmp import settle_openmp
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVBudget, plan_kv_budget
