@@ -332,32 +332,25 @@ class RadixCache:
 
     def leaf_paths(self) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
         """(tokens, slots, extra_key) of every root-to-leaf path: all that is cached."""
-        paths = []
-        for node in self.iter_nodes():
-            if node.children:
-                continue
-            keys, values, up = [], [], node
-            while up is not self.root:
-                keys.append(up.key)
-                values.append(up.value)
-                up = up.parent  # type: ignore[assignment]  # non-root nodes have a parent
-            paths.append((np.concatenate(keys[::-1]), np.concatenate(values[::-1]), node.extra_key))
-        return paths
+        leaves = (node for node in self.iter_nodes() if not node.children)
+        return [(*self.path_of(node), node.extra_key) for node in leaves]
 
     def snapshot_paths(self) -> list[tuple[np.ndarray, str | None, Any]]:
         """(tokens, extra_key, snapshot handle) of every node holding a state snapshot."""
         return [
-            (self._path_key(node), node.extra_key, node.snapshot)
+            (self.path_of(node)[0], node.extra_key, node.snapshot)
             for node in self.iter_nodes()
             if node.snapshot is not None
         ]
 
-    def _path_key(self, node: TreeNode) -> np.ndarray:
-        keys, up = [], node
+    def path_of(self, node: TreeNode) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, slots) from the root to the end of `node`."""
+        keys, values, up = [], [], node
         while up is not self.root:
             keys.append(up.key)
+            values.append(up.value)
             up = up.parent  # type: ignore[assignment]  # non-root nodes have a parent
-        return np.concatenate(keys[::-1])
+        return np.concatenate(keys[::-1]), np.concatenate(values[::-1])
 
     def top_prefixes(self, k: int, head_tokens: int = 8) -> list[dict[str, Any]]:
         """The `k` cached prefixes that saved the most prefill (hits x length), for the TUI.
