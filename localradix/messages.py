@@ -18,7 +18,7 @@ class ErrorCode(str, Enum):
 
     INVALID_REQUEST = "invalid_request"  # the engine cannot take it: lengths, token ids, ...
     INVALID_CONSTRAINT = "invalid_constraint"  # the output constraint does not compile
-    ENGINE_FAILURE = "engine_failure"  # the engine loop crashed
+    ENGINE_FAILURE = "engine_failure"  # the engine failed it (its loop crashed, or a fault)
     PREFIX_EVICTED = "prefix_evicted"  # `require_cached_tokens` were no longer cached
 
 

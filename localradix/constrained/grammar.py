@@ -31,19 +31,12 @@ COMPILE_THREADS = 4  # compiles running at once; more wait for a free one
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 
-# Starts the engine's error message for a constraint that does not compile, so the server can
-# tell the user's bad grammar (a 400 naming the parameter) from other engine errors.
-INVALID_GRAMMAR_PREFIX = "[invalid constraint] "
-
-
 class InvalidGrammar(ValueError):
-    """The constraint cannot be compiled; the message says why (shown to the user as a 400).
-
-    `str(exc)` starts with INVALID_GRAMMAR_PREFIX; `reason` is the message without it.
-    """
+    """The constraint cannot be compiled; the message says why (shown to the user as a 400;
+    the scheduler fails the request with ErrorCode.INVALID_CONSTRAINT)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(INVALID_GRAMMAR_PREFIX + reason)
+        super().__init__(reason)
         self.reason = reason
 
 

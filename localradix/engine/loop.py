@@ -7,7 +7,6 @@ drains whatever arrived without waiting and runs one step. It never waits on its
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import time
@@ -16,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localradix.constrained.grammar import INVALID_GRAMMAR_PREFIX
 from localradix.messages import (
     AbortRequest,
     EngineEvent,
     EngineStats,
-    ErrorCode,
     Fatal,
     FlushCache,
     FlushDone,
@@ -95,7 +92,7 @@ class EngineLoop:
             if self.core.has_work():
                 outputs = self.core.step()
                 if outputs:
-                    self.transport.send(StepOutputs(typed_errors(outputs)))
+                    self.transport.send(StepOutputs(outputs))
             if self.transport.feeds_stats:
                 self._maybe_send_stats(busy)
             if not busy and not self.transport.peer_alive():
@@ -163,18 +160,3 @@ def run_engine(build: Callable[[], Core], transport: Transport) -> bool:
         if close is not None:
             close()
     return True
-
-
-def typed_errors(outputs: list[RequestOutput]) -> list[RequestOutput]:
-    """Every error output with its ErrorCode. The grammar service marks a constraint that does
-    not compile by a message prefix; it becomes the code here, and leaves the message."""
-    return [out if out.error is None else _with_code(out) for out in outputs]
-
-
-def _with_code(out: RequestOutput) -> RequestOutput:
-    error = out.error or ""
-    if error.startswith(INVALID_GRAMMAR_PREFIX):
-        code, error = ErrorCode.INVALID_CONSTRAINT, error[len(INVALID_GRAMMAR_PREFIX) :]
-    else:
-        code = out.error_code or ErrorCode.INVALID_REQUEST
-    return dataclasses.replace(out, error=error, error_code=code)

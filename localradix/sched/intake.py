@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from localradix.constrained.backend import GrammarBackend
-from localradix.messages import GenerateRequest, RequestOutput
+from localradix.constrained.grammar import InvalidGrammar
+from localradix.limits import RequestLimits
+from localradix.messages import ErrorCode, GenerateRequest, RequestOutput
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req
 from localradix.sched.slot_handoff import SlotHandoff
@@ -39,7 +41,10 @@ class Intake:
         )
         error = self._reject_reason(req)
         if error is not None:
-            q.rejected.append(RequestOutput(msg.rid, (), True, "error", error=error))
+            rejected = RequestOutput(
+                msg.rid, (), True, "error", error=error, error_code=ErrorCode.INVALID_REQUEST
+            )
+            q.rejected.append(rejected)
             return
         room = self.context_len - len(req.prompt_ids)
         if req.params.max_new_tokens > room:
@@ -61,21 +66,10 @@ class Intake:
         n = len(req.prompt_ids)
         if req.rid in self.queues.by_rid:
             return f"request id {req.rid!r} is already in use"
-        if n == 0:
-            return "the prompt is empty"
-        if n >= self.context_len:
-            return (
-                f"the prompt has {n} tokens but the model's context length is "
-                f"{self.context_len}; shorten the prompt"
-            )
-        total = self.slots.pool.total
-        if n + 1 > total:
-            return (
-                f"the prompt has {n} tokens but the KV cache holds only {total}; "
-                "raise --max-total-tokens or shorten the prompt"
-            )
-        if int(req.prompt_ids.min()) < 0 or int(req.prompt_ids.max()) >= self.vocab_size:
-            return f"token ids must be in [0, {self.vocab_size})"
+        limits = RequestLimits(self.context_len, self.slots.pool.total, self.vocab_size)
+        problem = limits.prompt_problem(req.prompt_ids.tolist())
+        if problem is not None:  # the front ends checked with the same words; this is the last line
+            return problem.message
         if not 0 <= req.require_cached_tokens <= n:
             return f"require_cached_tokens must be in [0, {n}] (the prompt's length)"
         if req.embed is not None and not self.embeds:
@@ -104,8 +98,11 @@ class Intake:
             future = req.grammar_future
             if not future.done():
                 still.append(req)
-            elif future.exception() is not None:
-                req.fail(str(future.exception()))
+            elif (error := future.exception()) is not None:
+                bad = isinstance(error, InvalidGrammar)  # the user's constraint, or our compiler
+                req.fail(
+                    str(error), ErrorCode.INVALID_CONSTRAINT if bad else ErrorCode.ENGINE_FAILURE
+                )
                 q.by_rid.pop(req.rid, None)
                 q.touch(req)
             else:

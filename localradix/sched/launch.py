@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localradix.messages import TokenLogprob
+from localradix.messages import ErrorCode, TokenLogprob
 from localradix.runner.base import LaunchedStep, ModelRunner
 from localradix.sched import embedding
 from localradix.sched.plan import forward_batch, penalized, verify_sampling
@@ -145,7 +145,10 @@ class StepLauncher:
         chunk it is done (finish reason "stop", no tokens) and leaves its prompt cached."""
         assert req.embed is not None
         if out.pooled is None:
-            req.fail("the runner returned no hidden states for an embedding request")
+            req.fail(
+                "the runner returned no hidden states for an embedding request",
+                ErrorCode.ENGINE_FAILURE,
+            )
         else:
             req.pooled = embedding.add_chunk(req.pooled, out.pooled[i], req.embed)
             if not last_chunk:

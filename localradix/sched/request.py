@@ -102,6 +102,6 @@ class Req:
             self.finish_reason = reason
             self.matched_stop = matched
 
-    def fail(self, message: str, code: ErrorCode | None = None) -> None:
+    def fail(self, message: str, code: ErrorCode) -> None:
         self.error, self.error_code = message, code
         self.finish("error")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from localradix.messages import ErrorCode
 from localradix.sched.request import Req
 
 Decode = Callable[[list[int]], str]
@@ -28,7 +29,7 @@ class StopChecker:
         elif token in self.eos_token_ids and not p.ignore_eos:
             req.finish("stop", token)
         elif req.grammar is not None and not req.grammar.accept(token):
-            req.fail(f"token {token} broke the request's grammar")
+            req.fail(f"token {token} broke the request's grammar", ErrorCode.ENGINE_FAILURE)
         elif req.grammar is not None and req.grammar.terminated:
             req.finish("stop", token)
         elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:

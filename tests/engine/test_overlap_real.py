@@ -124,3 +124,25 @@ def test_overlap_on_a_runner_without_logits_warns_and_runs_plain(caplog):
     args = ServerArgs(overlap_schedule="on")
     assert _with_overlap(runner, args, "gpu", "mlx") is runner
     assert "overlap scheduling needs a torch runner: mlx runs without it" in caplog.text
+
+
+def test_errors_carry_their_code_from_where_they_arise(tiny_model):
+    """A constraint that does not compile fails with INVALID_CONSTRAINT and the compiler's words
+    (no marker to parse back); a prompt past the context with INVALID_REQUEST, in the words of
+    `RequestLimits` that the front ends use too."""
+    pytest.importorskip("xgrammar")
+    from localradix.messages import ErrorCode
+
+    folder, _ = tiny_model("llama")
+    bad = SamplingParams(max_new_tokens=4, constraint=Constraint("regex", "(unclosed"))
+    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=2048) as engine:
+        broken, fine = engine.generate(
+            [[5, 6, 7], [5, 6, 7]], [bad, SamplingParams(max_new_tokens=2)]
+        )
+        long = engine.generate([[5] * 5000], SamplingParams(max_new_tokens=2))[0]
+        engine.check_invariants(idle=True)
+    assert (broken.finish_reason, broken.error_code) == ("error", ErrorCode.INVALID_CONSTRAINT)
+    assert broken.error and broken.error.startswith("invalid regex")
+    assert fine.finish_reason == "length" and len(fine.token_ids) == 2
+    assert long.error_code is ErrorCode.INVALID_REQUEST
+    assert long.error and "context length" in long.error

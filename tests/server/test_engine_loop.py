@@ -14,12 +14,10 @@ import zmq
 from fake_engine_core import FakeCore
 
 from localradix.config import ServerArgs
-from localradix.constrained.grammar import INVALID_GRAMMAR_PREFIX
-from localradix.engine.loop import CoreCall, EngineLoop, run_engine, typed_errors
+from localradix.engine.loop import CoreCall, EngineLoop, run_engine
 from localradix.engine.transport import QueueTransport, ZmqTransport
 from localradix.messages import (
     AbortRequest,
-    ErrorCode,
     Fatal,
     FlushCache,
     FlushDone,
@@ -145,13 +143,3 @@ def test_a_core_that_fails_to_load_or_crashes_tells_its_peer():
     heard = _Collector()
     assert not run_engine(lambda: FakeCore(ServerArgs()), QueueTransport(inbox, heard))
     assert isinstance(heard.events[-1], Fatal) and "fake engine crash" in heard.events[-1].message
-
-
-def test_error_outputs_carry_a_code_not_a_prefix():
-    bad = RequestOutput("g", (), True, "error", error=INVALID_GRAMMAR_PREFIX + "invalid regex")
-    other = RequestOutput("p", (), True, "error", error="the prompt is empty")
-    fine = RequestOutput("f", (1,), True, "stop")
-    typed = typed_errors([bad, other, fine])
-    assert (typed[0].error, typed[0].error_code) == ("invalid regex", ErrorCode.INVALID_CONSTRAINT)
-    assert (typed[1].error, typed[1].error_code) == (other.error, ErrorCode.INVALID_REQUEST)
-    assert typed[2] is fine
