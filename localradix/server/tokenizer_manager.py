@@ -17,7 +17,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localradix.config import ServerArgs
 from localradix.engine.tracker import Choice, Delta, RequestTracker
@@ -30,6 +30,9 @@ from localradix.sampling_params import SamplingParams
 from localradix.server.engine_client import EngineClient
 from localradix.server.errors import APIError
 from localradix.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:  # server.core.output builds on this module
+    from localradix.server.core.output import ChatOutputSpec
 
 __all__ = ["Choice", "Delta", "Job", "TokenizerManager"]
 
@@ -45,6 +48,8 @@ class Job:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         embed: Embed | None = None,
+        constraint_param: str | None = None,
+        output: ChatOutputSpec | None = None,
     ) -> None:
         self.manager = manager
         self.rid = rid
@@ -56,10 +61,10 @@ class Job:
         self.choices: list[Choice] = self.tracker.choices
         self._events: deque[tuple[Choice, RequestOutput | None]] = deque()
         self._wake = asyncio.Event()
-        self._unfinished = 0
+        self._unfinished = len(self.choices)
         # The request parameter a constraint came from: its compile error is a 400 naming it.
-        self.constraint_param: str | None = None
-        self.output: Any = None  # serving.ChatOutputSpec for chat jobs (how to parse outputs)
+        self.constraint_param = constraint_param
+        self.output = output  # chat jobs: how to parse their outputs (tools, reasoning)
 
     # ---- engine side (called by the dispatcher) ------------------------------------------
 
@@ -259,10 +264,14 @@ class TokenizerManager:
         pins: tuple[CachePin, ...] = (),
         require_cached_tokens: int = 0,
         embed: Embed | None = None,
+        constraint_param: str | None = None,
+        output: ChatOutputSpec | None = None,
     ) -> Job:
         """Send `len(prompts) * n` engine requests (each pinning `pins` of its prompt once it is
         cached; embedding ones with `embed`); 503 if the engine is gone, 429 when full.
-        `require_cached_tokens`: see GenerateRequest (the engine fails it PREFIX_EVICTED)."""
+        `require_cached_tokens`: see GenerateRequest (the engine fails it PREFIX_EVICTED);
+        `constraint_param` names the parameter a constraint came from (a compile error is a 400
+        naming it); `output`: how a chat job's outputs are parsed."""
         self.check_ready()
         info = self.client.loaded
         if embed is None and info.pooling is not None:
@@ -289,12 +298,11 @@ class TokenizerManager:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": "1"},
             )
-        job = Job(self, self.new_rid(), prompts, params, embed)
+        job = Job(self, self.new_rid(), prompts, params, embed, constraint_param, output)
         requests = job.tracker.engine_requests(pins, require_cached_tokens)
         self.client.send(requests)  # no output arrives before we yield
         for choice in job.choices:
             self.client.listeners[choice.rid] = job._listener(choice)
-        job._unfinished = len(job.choices)
         self.in_flight += len(job.choices)
         return job
 

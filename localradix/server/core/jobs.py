@@ -224,10 +224,8 @@ async def chat_job(
     )
     kept = manager.kept_special_ids(output.tool_parser, output.reasoning_parser)
     params = params.replace(kept_special_ids=kept)
-    job = manager.submit([ids], params, pins, cached_continuation(ids, continues))
-    job.constraint_param = constraint_param
-    job.output = output
-    return job
+    continued = cached_continuation(ids, continues)
+    return manager.submit([ids], params, pins, continued, None, constraint_param, output)
 
 
 def after_context(manager: TokenizerManager, context: Sequence[int], ids: list[int]) -> list[int]:
@@ -279,9 +277,7 @@ async def completion_job(manager: TokenizerManager, req: CompletionRequest) -> J
     params = sampling_params(
         req, max_tokens, req.logprobs, manager.context_length, manager.vocab, constraint
     )
-    job = manager.submit(prompts, params)
-    job.constraint_param = constraint_param
-    return job
+    return manager.submit(prompts, params, constraint_param=constraint_param)
 
 
 async def _fim_completion_prompt(manager: TokenizerManager, prompt: Any, suffix: str) -> list[int]:
