@@ -112,8 +112,8 @@ class DecoderLayer(nn.Module):
         )
         residual = self.tp.all_reduce(F.linear(o, self.o_weight)) + residual
         h = F.rms_norm(residual, self.hidden_shape, self.post_norm, self.eps)
-        if self.moe is not None:  # no all-reduce: Shard.check refuses experts under TP
-            return self.moe.forward(h), residual
+        if self.moe is not None:  # each rank's experts hold a slice of their rows: sum them
+            return self.tp.all_reduce(self.moe.forward(h)), residual
         assert self.gate_up_weight is not None and self.down_weight is not None
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
         return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight)), residual

@@ -109,7 +109,7 @@ class GptOssForCausalLM(DecoderForCausalLM):
         max_positions: int | None = None,
         tp: TPComm = SINGLE,
     ) -> None:
-        if tp.size > 1:  # (Shard.check refuses it first: experts are not split)
+        if tp.size > 1:  # (Shard.check refuses it first: its sinks and biases are not split)
             raise ValueError(f"--tp {tp.size} does not split gpt-oss: serve it with --tp 1")
         super().__init__(config, dtype, device, max_positions, tp)
         self.norm_weight = self.norm.detach().float()
