@@ -17,9 +17,9 @@ import time
 import numpy as np
 import torch
 
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner import attention_torch
 from localradix.runner.attention_torch import TorchNativeAttention
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 

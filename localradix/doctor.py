@@ -131,8 +131,8 @@ def weights(args: ServerArgs, statuses: list[BackendStatus]) -> dict[str, Any]:
 def kv_pool(args: ServerArgs) -> dict[str, Any]:
     """The KV pool `serve` with these args would reserve, and why (or why it cannot tell)."""
     from localradix.loader import load_model_config, resolve_model
+    from localradix.model_api.kv_layout import KVLayout
     from localradix.runner.kv_budget import plan_kv_budget
-    from localradix.runner.kv_layout import KVLayout
 
     try:
         source = resolve_model(args.model)

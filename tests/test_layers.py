@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("mem", "spec"), 1),
     **dict.fromkeys(
         (
+            "model_api",
             "runner",
             "backends",
             "models",
@@ -88,10 +89,7 @@ ALLOWED: dict[tuple[str, str], str] = {}
 
 # Package cycles still being undone: (room, room) sorted -> why. A pair that no longer forms a
 # cycle fails the test too, so the list only shrinks.
-KNOWN_ROOM_CYCLES: dict[tuple[str, str], str] = {
-    ("loader", "runner"): "the loader shards weights by runner/tp/shard; TP workers load",
-    ("models", "runner"): "models call runner/attention; runner/tp/shard reads ModelConfig",
-}
+KNOWN_ROOM_CYCLES: dict[tuple[str, str], str] = {}
 
 
 def room_of(module: str) -> str:

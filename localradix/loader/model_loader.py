@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from localradix.runner.tp.comm import TPComm
+    from localradix.model_api.tp_comm import TPComm
 
 logger = logging.getLogger("localradix.loader")
 
@@ -97,7 +97,7 @@ def _shard_weights(
     folder: Path, config: ModelConfig, tp: TPComm
 ) -> Iterator[tuple[str, torch.Tensor]]:
     from localradix.loader.shard_weights import iter_weight_shards
-    from localradix.runner.tp.shard import Shard
+    from localradix.model_api.shard import Shard
 
     shard = Shard(tp.rank, tp.size)
     shard.check(config)

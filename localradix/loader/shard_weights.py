@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from localradix.loader.hf import _safetensors_files
+from localradix.model_api.shard import Shard
 from localradix.models.config import ModelConfig
-from localradix.runner.tp.shard import Shard
 
 
 def iter_weight_shards(

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localradix.runner.kv_layout import DTYPE_BYTES
+from localradix.model_api.kv_layout import DTYPE_BYTES
 
 GGUF_GROUP = 32  # weights per scale in every GGML block type MLX keeps
 MLX_GROUP = 64  # mlx-lm's default group for `--quantize N` at load

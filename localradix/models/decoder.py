@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.shard import Shard
+from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig
 from localradix.models.moe import MoEBlock
 from localradix.models.rotary import RotaryTable, apply_partial_rotary, apply_rotary
 from localradix.models.weights import WeightLoader
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.tp.comm import SINGLE, TPComm
-from localradix.runner.tp.shard import Shard
 
 
 class _Factory:

@@ -22,11 +22,11 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig, RopeScaling
 from localradix.models.decoder import DecoderForCausalLM, DecoderLayer, _Factory
 from localradix.models.rotary import RotaryTable
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.tp.comm import SINGLE, TPComm
 
 _GELU_APPROXIMATION = {"gelu_pytorch_tanh": "tanh", "gelu_tanh": "tanh", "gelu": "none"}
 

@@ -38,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig
 from localradix.models.decoder import _Factory
 from localradix.models.gemma4_config import Gemma4Extras, Gemma4Rope
 from localradix.models.moe import MoEBlock
 from localradix.models.rotary import apply_rotary
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.tp.comm import SINGLE, TPComm
 
 _GELU_APPROXIMATION = {"gelu_pytorch_tanh": "tanh", "gelu_tanh": "tanh", "gelu": "none"}
 _IGNORED = re.compile(

@@ -27,11 +27,11 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig
 from localradix.models.decoder import DecoderForCausalLM, DecoderLayer, _Factory
 from localradix.models.moe import MoEBlock
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.tp.comm import SINGLE, TPComm
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

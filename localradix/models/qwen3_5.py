@@ -26,15 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig
 from localradix.models.decoder import _Factory
 from localradix.models.delta_net import GatedDeltaNet
 from localradix.models.gemma3 import _plus_one, gemma_norm
 from localradix.models.moe import MoEBlock
 from localradix.models.rotary import RotaryTable, apply_partial_rotary, apply_rotary
-from localradix.runner.attention import AttentionBackend
 from localradix.runner.recurrent_state import RecurrentStates
-from localradix.runner.tp.comm import SINGLE, TPComm
 
 _IGNORED = re.compile(r"(mtp\.|model\.visual\.).*|.*rotary_emb\.inv_freq")
 

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner import attention_plan as plans
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.kv_layout import KVLayout
 from localradix.runner.kv_transfer import allocate_kv, layer_caches
 from localradix.step import ForwardBatch
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localradix.runner.kv_layout import DTYPE_BYTES, KVLayout
+from localradix.model_api.kv_layout import DTYPE_BYTES, KVLayout
 
 if TYPE_CHECKING:
     from localradix.config import ServerArgs

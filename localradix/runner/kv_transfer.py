@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.kv_layout import KVLayout
 
 KVGroup = tuple[torch.Tensor, torch.Tensor]  # K and V [layers, slots + 1, kv_heads, head_dim]
 LayerCaches = torch.Tensor | list[torch.Tensor]  # indexed by KV layer: [slots + 1, heads, dim]

@@ -70,8 +70,8 @@ def plan_memory(source: ModelSource, args: ServerArgs, like: ModelInfo, room: in
     runs, the KV pool sized within `room` bytes (after the weights) as the engine sizes it."""
     from localradix.loader import load_model_config
     from localradix.loader.weight_memory import resident_bytes
+    from localradix.model_api.kv_layout import KVLayout
     from localradix.runner.kv_budget import default_kv_dtype, plan_kv_budget
-    from localradix.runner.kv_layout import KVLayout
 
     backend, dtype = _backend_for(source.kind, like)
     try:

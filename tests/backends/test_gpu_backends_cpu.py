@@ -21,7 +21,7 @@ from localradix.backends.cuda.graphs import (
     select_batch_size,
 )
 from localradix.config import ServerArgs
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.kv_layout import KVLayout
 from localradix.sampling_params import SamplingParams
 from localradix.step import ForwardBatch, SamplingBatch
 
@@ -394,8 +394,8 @@ def test_attention_choices():
 
 def test_specs_name_their_runners():
     from localradix import platform as lp
+    from localradix.model_api.attention import ATTENTION_BACKENDS
     from localradix.registry import load_object
-    from localradix.runner.attention import ATTENTION_BACKENDS
 
     specs = lp.backend_specs()
     assert specs["cuda"].supports_graphs and specs["npu"].attention_backend == "npu_fused"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from localradix.config import ServerArgs
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.kv_layout import KVLayout
 
 from .gpu_fakes import PagedSlots
 from .test_gpu_backends_cpu import _greedy, _prompt, _random_qkv, _reference_logits

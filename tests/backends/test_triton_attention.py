@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from localradix.backends.cuda import triton_attention  # noqa: E402
 from localradix.backends.cuda.triton_attention import TritonAttention, decode_splits  # noqa: E402
-from localradix.runner.kv_layout import KVLayout  # noqa: E402
+from localradix.model_api.kv_layout import KVLayout  # noqa: E402
 from localradix.step import ForwardBatch  # noqa: E402
 
 if not triton_attention.interpreter_active():  # tests/conftest.py turns it on without a GPU

@@ -14,9 +14,9 @@ import torch
 
 from localradix import Engine, SamplingParams
 from localradix.loader import load_model
+from localradix.model_api.shard import Shard
 from localradix.models import ModelConfig
 from localradix.runner.torch_runner import resident_bytes
-from localradix.runner.tp.shard import Shard
 
 from .conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts, token_lists
 
@@ -119,7 +119,7 @@ class _OneRankOfTwo:
 def test_a_ranks_slice_holds_half_of_each_expert_and_steps_with_no_host_sync(moe_models):
     import numpy as np
 
-    from localradix.runner.attention import get_attention_backend
+    from localradix.model_api.attention import get_attention_backend
     from localradix.step import ForwardBatch
 
     folder, hf = moe_models["qwen3_moe"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from localradix.loader import ModelSourceError, load_model, load_tokenizer, resolve_model
-from localradix.runner.attention import get_attention_backend
+from localradix.model_api.attention import get_attention_backend
 from localradix.step import ForwardBatch
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ import pytest
 
 from localradix.loader.gguf_config import gguf_model_config
 from localradix.loader.gguf_metadata import hf_config
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.kv_layout import KVLayout
 
 HYBRID = {  # a Qwen3.5-shaped header: every other layer recurrent (no KV)
     "general.architecture": "qwen35",

@@ -17,7 +17,7 @@ from localradix.loader import (
     resolve_model,
 )
 from localradix.loader.gguf_convert import WEIGHTS_FILE, cache_dir_for
-from localradix.runner.attention import get_attention_backend
+from localradix.model_api.attention import get_attention_backend
 from localradix.step import ForwardBatch
 
 from .conftest import byte_level_vocab, gguf, write_gguf

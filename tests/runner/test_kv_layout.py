@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
-from localradix.runner.attention import AttentionBackend, get_attention_backend
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.attention import AttentionBackend, get_attention_backend
+from localradix.model_api.kv_layout import KVLayout
 
 SMOLLM = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3, head_dim=64)
 

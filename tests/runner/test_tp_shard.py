@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from localradix.config import ServerArgs
+from localradix.model_api.shard import Shard
 from localradix.models.config import ModelConfig
 from localradix.platform import Availability, Choice, backend_specs
 from localradix.resolve import BackendError, resolve
-from localradix.runner.tp.shard import Shard
 
 
 def _config(heads: int, kv: int, mlp: int, vocab: int, head_dim: int = 8) -> ModelConfig:

@@ -3,8 +3,8 @@ CUDA-graph capture of decode steps and a KV pool sized from free GPU memory. Wit
 flashinfer package, or in float32, it runs the Triton kernels (`triton_attention.py`; Triton
 ships with torch's GPU builds), else the torch-native attention (and no graphs)."""
 
+from localradix.model_api.attention import ATTENTION_BACKENDS
 from localradix.platform import BackendSpec
-from localradix.runner.attention import ATTENTION_BACKENDS
 
 SPEC = BackendSpec(
     name="cuda",

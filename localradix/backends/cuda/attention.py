@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.torch_runner import device_event
 from localradix.step import ForwardBatch
 

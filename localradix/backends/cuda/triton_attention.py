@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from localradix.runner.attention import AttentionBackend
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.kv_transfer import allocate_kv, layer_caches
 from localradix.step import ForwardBatch
 

@@ -1,8 +1,8 @@
 """Ascend NPU backend (torch_npu): the device runner on "npu" with torch_npu's fused attention
 for decode steps and torch-native paged attention for the rest (and in float32)."""
 
+from localradix.model_api.attention import ATTENTION_BACKENDS
 from localradix.platform import BackendSpec
-from localradix.runner.attention import ATTENTION_BACKENDS
 
 SPEC = BackendSpec(
     name="npu",

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from localradix.runner.attention import AttentionBackend
+from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.attention_torch import TorchNativeAttention
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 logger = logging.getLogger("localradix.runner")

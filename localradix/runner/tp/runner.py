@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from localradix.model_api.shard import Shard
 from localradix.runner.torch_runner import TorchRunner
 from localradix.runner.tp import dist as tpdist
 from localradix.runner.tp.ranks import RankDied, Step, WorkerRanks, WorkerSpec
-from localradix.runner.tp.shard import Shard
 from localradix.step import ForwardBatch
 
 if TYPE_CHECKING:

@@ -1,0 +1,140 @@
+"""Attention backends: the only code that touches the KV cache.
+
+Model code calls `attn.forward(q, k, v, layer_id, scale)` (gpt-oss adds its layer's attention
+`sinks`) and never sees slots or kernels. The
+runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
+device tensors; every layer then reuses them. Backends are entries of the lazy registry
+`ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
+listed here, and each device backend registers its own kernels when its package loads
+(`localradix.backends.cuda`: FlashInfer; `localradix.backends.npu`: the fused Ascend ops), so
+optional kernel libraries load only where they are used. This module itself imports no torch; the numpy plan the
+torch-native and MLX backends share is `attention_plan`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from localradix.model_api.kv_layout import KVLayout
+from localradix.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+    from localradix.step import ForwardBatch
+
+ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry(
+    "attention backend",
+    {"torch_native": "localradix.runner.attention_torch:TorchNativeAttention"},
+)
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    """The backend class registered as `name` (imported on first use); UnknownName (a
+    ValueError) lists the registered ones."""
+    return ATTENTION_BACKENDS.load(name)
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a KV cache of `num_slots + 1` token slots per layer.
+
+    Invariants: slot 0 is a dummy (padding writes and reads land there, never real data);
+    `prepare` is called once per step before any `forward`; `forward` is called once per layer
+    per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
+    """
+
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        import torch
+
+        self.layout = layout
+        self.num_layers, self.num_kv_heads = layout.layers, layout.kv_heads
+        self.head_dim, self.num_slots = layout.head_dim, layout.slots
+        self.dtype: torch.dtype = getattr(torch, layout.dtype)
+        self.device = device
+
+    # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
+    takes_page_size = False
+    # Whether the cache may hold another dtype than q/k/v (cast on write and read).
+    kv_dtype_may_differ = False
+    # Whether __init__ takes `windows` (per-layer sliding windows, 0 = none) and applies them.
+    applies_windows = False
+    # Whether `forward` applies `sinks` (a model whose config has `attention_sinks` passes them).
+    applies_sinks = False
+    # Whether KV layers may differ in kv_heads / head_dim (`KVLayout.layer_shapes`: Gemma 4).
+    applies_mixed_shapes = False
+
+    @classmethod
+    def from_model_config(
+        cls,
+        config: Any,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        page_size: int = 1,
+    ) -> AttentionBackend:
+        """Size the cache for a `ModelConfig` (anything with the fields used); pass on the
+        model's per-layer sliding windows, or refuse a model that has some (or attention
+        sinks, or KV layers of mixed shapes) when this backend cannot apply them."""
+        layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
+        make: Any = cls  # subclasses add keywords to __init__
+        kwargs: dict[str, Any] = {}
+        windows = tuple(config.layer_windows()) if hasattr(config, "layer_windows") else ()
+        model = getattr(config, "architecture", "the model")
+        if getattr(config, "attention_sinks", False) and not cls.applies_sinks:
+            raise ValueError(
+                f"{cls.__name__} cannot apply {model}'s attention sinks: use the torch_native "
+                "or triton attention backend"
+            )
+        if not layout.uniform and not cls.applies_mixed_shapes:
+            raise ValueError(
+                f"{cls.__name__} cannot hold {model}'s KV layers of different head sizes: use "
+                "the torch_native or triton attention backend"
+            )
+        if any(windows):
+            if not cls.applies_windows:
+                raise ValueError(
+                    f"{cls.__name__} cannot apply {model}'s sliding-window attention: use "
+                    "the torch_native or triton attention backend"
+                )
+            kwargs["windows"] = windows
+        if not cls.takes_page_size:  # slot-granular: any page size works unchanged
+            return make(layout, device, **kwargs)
+        return make(layout, device, num_heads=config.num_attention_heads, **kwargs)
+
+    @staticmethod
+    def kv_bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of K and V one token occupies across all layers (for sizing the pool)."""
+        return KVLayout(num_layers, num_kv_heads, head_dim, _dtype_name(dtype)).bytes_per_token
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Turn the step's numpy plan into device tensors / kernel metadata, once per step."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        scale: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Store k/v at the batch's `out_slots`, then attend causally; returns [T, Hq * D].
+
+        q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
+        its request's slots of positions <= p (prefix from the cache, plus the new tokens).
+
+        sinks: [Hq] attention sinks (gpt-oss), one logit per query head that joins the
+        softmax's denominator only (no value: it takes weight from the keys), or None. They
+        are weights, so the model hands its layer's with each call (a fixed tensor, which a
+        CUDA graph may capture), while the backend is built from the config alone: only
+        backends with `applies_sinks` take a model that has them (`from_model_config`).
+        """
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
