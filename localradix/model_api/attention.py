@@ -1,7 +1,8 @@
 """Attention backends: the only code that touches the KV cache.
 
 Model code calls `attn.forward(q, k, v, layer_id, scale)` (gpt-oss adds its layer's attention
-`sinks`) and never sees slots or kernels. The
+`sinks`) and never sees slots or kernels; what differs by layer (windows, soft-caps, sinks) the
+backend knows from the model's `AttentionSpec`, given when it is made. The
 runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
 device tensors; every layer then reuses them. Backends are entries of the lazy registry
 `ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
@@ -16,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.registry import Registry
 
@@ -44,7 +46,9 @@ class AttentionBackend(ABC):
     per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
     """
 
-    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+    def __init__(
+        self, layout: KVLayout, device: torch.device | str, spec: AttentionSpec | None = None
+    ) -> None:
         import torch
 
         self.layout = layout
@@ -52,17 +56,34 @@ class AttentionBackend(ABC):
         self.head_dim, self.num_slots = layout.head_dim, layout.slots
         self.dtype: torch.dtype = getattr(torch, layout.dtype)
         self.device = device
+        self.spec = spec or AttentionSpec.plain(layout.layers)
+        if len(self.spec.layers) != layout.layers:
+            raise ValueError(f"need one layer spec per KV layer ({layout.layers})")
+        unmet = [
+            name for name, needed in self.spec.needs().items() if needed and not self.applies(name)
+        ]
+        if unmet:
+            raise ValueError(f"{type(self).__name__} cannot apply {', '.join(unmet)}")
 
     # Paged backends (FlashInfer, Ascend) also take the query head count and the page size.
     takes_page_size = False
     # Whether the cache may hold another dtype than q/k/v (cast on write and read).
     kv_dtype_may_differ = False
-    # Whether __init__ takes `windows` (per-layer sliding windows, 0 = none) and applies them.
+    # Which of the spec's per-layer features (`AttentionSpec.needs`) `forward` applies.
     applies_windows = False
-    # Whether `forward` applies `sinks` (a model whose config has `attention_sinks` passes them).
-    applies_sinks = False
+    applies_logit_caps = False
+    applies_sinks = False  # (a model whose config has `attention_sinks` passes them per call)
     # Whether KV layers may differ in kv_heads / head_dim (`KVLayout.layer_shapes`: Gemma 4).
     applies_mixed_shapes = False
+
+    @classmethod
+    def applies(cls, feature: str) -> bool:
+        """Whether this backend applies a feature `AttentionSpec.needs` names."""
+        return {
+            "sliding-window attention": cls.applies_windows,
+            "attention logit soft-caps": cls.applies_logit_caps,
+            "attention sinks": cls.applies_sinks,
+        }[feature]
 
     @classmethod
     def from_model_config(
@@ -73,34 +94,24 @@ class AttentionBackend(ABC):
         device: torch.device | str,
         page_size: int = 1,
     ) -> AttentionBackend:
-        """Size the cache for a `ModelConfig` (anything with the fields used); pass on the
-        model's per-layer sliding windows, or refuse a model that has some (or attention
-        sinks, or KV layers of mixed shapes) when this backend cannot apply them."""
+        """Size the cache for a `ModelConfig` (anything with the fields used) and hand the
+        backend the model's per-layer `AttentionSpec`; refuse, naming what is missing, a model
+        whose windows, soft-caps, sinks or mixed KV shapes this backend cannot apply."""
         layout = KVLayout.for_model(config, _dtype_name(dtype), num_slots, page_size)
-        make: Any = cls  # subclasses add keywords to __init__
-        kwargs: dict[str, Any] = {}
-        windows = tuple(config.layer_windows()) if hasattr(config, "layer_windows") else ()
+        spec = AttentionSpec.for_model(config, layout.layers)
         model = getattr(config, "architecture", "the model")
-        if getattr(config, "attention_sinks", False) and not cls.applies_sinks:
-            raise ValueError(
-                f"{cls.__name__} cannot apply {model}'s attention sinks: use the torch_native "
-                "or triton attention backend"
-            )
+        unmet = [name for name, needed in spec.needs().items() if needed and not cls.applies(name)]
+        use = "use the torch_native or triton attention backend"
+        if unmet:
+            raise ValueError(f"{cls.__name__} cannot apply {model}'s {', '.join(unmet)}: {use}")
         if not layout.uniform and not cls.applies_mixed_shapes:
             raise ValueError(
-                f"{cls.__name__} cannot hold {model}'s KV layers of different head sizes: use "
-                "the torch_native or triton attention backend"
+                f"{cls.__name__} cannot hold {model}'s KV layers of different head sizes: {use}"
             )
-        if any(windows):
-            if not cls.applies_windows:
-                raise ValueError(
-                    f"{cls.__name__} cannot apply {model}'s sliding-window attention: use "
-                    "the torch_native or triton attention backend"
-                )
-            kwargs["windows"] = windows
+        make: Any = cls  # subclasses add keywords to __init__
         if not cls.takes_page_size:  # slot-granular: any page size works unchanged
-            return make(layout, device, **kwargs)
-        return make(layout, device, num_heads=config.num_attention_heads, **kwargs)
+            return make(layout, device, spec=spec)
+        return make(layout, device, num_heads=config.num_attention_heads, spec=spec)
 
     @staticmethod
     def kv_bytes_per_token(

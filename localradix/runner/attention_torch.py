@@ -13,7 +13,7 @@ matmul of all their queries against the shared K/V, one over each request's own 
 by their log-sum-exp. The shared K/V is read once instead of once per request, which is what
 decode at long shared contexts spends its time on.
 
-Layers with a sliding window (`windows`, per layer; 0 = none: a query at position p sees keys
+Layers with a sliding window (`AttentionSpec.windows`, per layer; 0 = none: a query at position p sees keys
 p - window < j <= p) run on their own plan of the step, whose slot tables keep only the keys
 inside the window (extends: a banded mask). The cache keeps every slot; only reads are cut.
 Mixed KV shapes (Gemma 4): `k_cache`/`v_cache` are lists of per-layer views (kv_transfer.py).
@@ -28,7 +28,6 @@ output 0).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner import attention_plan as plans
 from localradix.runner.kv_transfer import allocate_kv, layer_caches
@@ -91,14 +91,12 @@ class TorchNativeAttention(AttentionBackend):
     applies_mixed_shapes = True
 
     def __init__(
-        self, layout: KVLayout, device: torch.device | str, *, windows: Sequence[int] = ()
+        self, layout: KVLayout, device: torch.device | str, spec: AttentionSpec | None = None
     ) -> None:
-        super().__init__(layout, device)
+        super().__init__(layout, device, spec)
         self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
         self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
-        self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
-        if len(self.windows) != layout.layers or min(self.windows) < 0:
-            raise ValueError(f"need one window >= 0 per layer ({layout.layers}): {windows}")
+        self.windows = self.spec.windows
         self._num_tokens = 0
         self._out_slots = torch.zeros(0, dtype=torch.long)
         # window -> (decode groups, extends) of the step, for every window of a layer

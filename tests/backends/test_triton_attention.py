@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from localradix.backends.cuda import triton_attention  # noqa: E402
 from localradix.backends.cuda.triton_attention import TritonAttention, decode_splits  # noqa: E402
+from localradix.model_api.attention_spec import AttentionSpec  # noqa: E402
 from localradix.model_api.kv_layout import KVLayout  # noqa: E402
 from localradix.step import ForwardBatch  # noqa: E402
 
@@ -91,7 +92,7 @@ def _run(seed, seq_lens, extend_lens, *, heads=4, kv_heads=2, dim=16, page=1, dt
     gen = torch.Generator().manual_seed(seed)
     slots = page * (2 * sum(-(-n // page) for n in seq_lens) + 2)  # room to scatter pages
     layout = KVLayout(2, kv_heads, dim, str(dtype).removeprefix("torch."), slots, page)
-    attn = TritonAttention(layout, "cpu", windows=(0, window), logit_caps=(0.0, cap))
+    attn = TritonAttention(layout, "cpu", AttentionSpec.of((0, window), (0.0, cap), sinks))
     batch = _batch(rng, seq_lens, extend_lens, slots, page)
     for layer in range(2):  # earlier tokens of every request, as a cache would hold them
         attn.k_cache[layer].copy_(torch.randn(attn.k_cache[layer].shape, generator=gen))

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.torch_runner import device_event
 from localradix.step import ForwardBatch
@@ -90,10 +91,16 @@ class FlashInferAttention(AttentionBackend):
     takes_page_size = True
     workspace_bytes = 128 * 2**20  # FlashInfer's float workspace, shared by all wrappers
 
-    def __init__(self, layout: KVLayout, device: torch.device | str, num_heads: int) -> None:
+    def __init__(
+        self,
+        layout: KVLayout,
+        device: torch.device | str,
+        num_heads: int,
+        spec: AttentionSpec | None = None,
+    ) -> None:
         import flashinfer
 
-        super().__init__(layout, device)
+        super().__init__(layout, device, spec)
         dtype = self.dtype
         if dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, not {dtype}")

@@ -12,7 +12,7 @@ Decode batches run under CUDA graphs (`graph_state` / `prepare_graph`, used by
 `localradix.backends.cuda.graphs`): each captured batch size reads fixed buffers that are
 refilled before a replay, and a split count fixed at capture.
 
-Per-layer sliding windows and logit soft-caps (`windows`, `logit_caps`, by layer) and attention
+Per-layer sliding windows and logit soft-caps (the model's `AttentionSpec`) and attention
 sinks (`sinks`, given with each layer's call) are applied in the kernels, for the model
 families that have them. KV layers of mixed shapes (Gemma 4: `KVLayout.layer_shapes`) keep one
 cache tensor per shape, `k_cache[layer]` a view into its own; kernels take heads and head size
@@ -25,13 +25,13 @@ interpreter: a way to test the kernels and the whole engine over them, not a fas
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.kv_transfer import allocate_kv, layer_caches
 from localradix.step import ForwardBatch
@@ -90,6 +90,7 @@ def _require_interpreter() -> None:
 
 class TritonAttention(AttentionBackend):
     applies_windows = True  # (`from_model_config` passes a model's windows in)
+    applies_logit_caps = True
     applies_sinks = True
     applies_mixed_shapes = True  # (each layer's K/V heads and head size come with its cache)
 
@@ -97,11 +98,9 @@ class TritonAttention(AttentionBackend):
         self,
         layout: KVLayout,
         device: torch.device | str,
-        *,
-        windows: Sequence[int] = (),
-        logit_caps: Sequence[float] = (),
+        spec: AttentionSpec | None = None,
     ) -> None:
-        super().__init__(layout, device)
+        super().__init__(layout, device, spec)
         if torch.device(device).type == "cpu":
             _require_interpreter()
         from localradix.backends.cuda import triton_kernels
@@ -110,8 +109,7 @@ class TritonAttention(AttentionBackend):
         self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
         self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
         self.page_size = layout.page_size
-        self.windows = tuple(windows) or (0,) * layout.layers
-        self.logit_caps = tuple(logit_caps) or (0.0,) * layout.layers
+        self.windows, self.logit_caps = self.spec.windows, self.spec.logit_caps
         self._batch: ForwardBatch | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.attention_torch import TorchNativeAttention
 from localradix.step import ForwardBatch
@@ -48,10 +49,16 @@ def slot_table(batch: ForwardBatch) -> np.ndarray:
 class NpuFusedAttention(AttentionBackend):
     takes_page_size = True
 
-    def __init__(self, layout: KVLayout, device: torch.device | str, num_heads: int) -> None:
+    def __init__(
+        self,
+        layout: KVLayout,
+        device: torch.device | str,
+        num_heads: int,
+        spec: AttentionSpec | None = None,
+    ) -> None:
         import torch_npu
 
-        super().__init__(layout, device)
+        super().__init__(layout, device, spec)
         self.ops: Any = torch_npu
         self.num_heads, self.page_size = num_heads, layout.page_size
         self.paged = layout.page_size % BLOCK_MULTIPLE == 0
