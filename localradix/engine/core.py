@@ -13,6 +13,7 @@ from typing import Any
 from localradix.config import ServerArgs
 from localradix.engine.cache_tiers import open_tiers
 from localradix.messages import ModelInfo
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.scheduler import Scheduler
 
 logger = logging.getLogger("localradix.engine")
@@ -35,7 +36,7 @@ class EngineCore:
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(config.eos_token_ids)
         self.scheduler = Scheduler(
             self.runner,
-            args,
+            SchedulerConfig.from_args(args),
             context_len=context_len,
             eos_token_ids=eos,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),

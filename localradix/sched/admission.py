@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from localradix.config import ServerArgs
 from localradix.messages import ErrorCode
 from localradix.sched.policy import PrefillBudget, order_waiting
 from localradix.sched.prefill_pace import MIN_STEP_TOKENS, PrefillPace
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import SchedulerStats
 
@@ -27,7 +27,7 @@ Verdict = Literal["ok", "skip", "stop"]
 
 @dataclass(eq=False)
 class PrefillAdmission:
-    args: ServerArgs
+    args: SchedulerConfig
     queues: RequestQueues
     slots: SlotHandoff
     stats: SchedulerStats

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from localradix.config import ServerArgs
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import SchedulerStats
 
@@ -24,7 +24,7 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600  # decode steps for the ratio to decay from in
 
 @dataclass(eq=False)
 class DecodePlanner:
-    args: ServerArgs
+    args: SchedulerConfig
     queues: RequestQueues
     slots: SlotHandoff
     stats: SchedulerStats

@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from localradix.config import ServerArgs
 from localradix.constrained.backend import GrammarBackend
 from localradix.mem.invariants import check_invariants
 from localradix.mem.kv_pool import KVPool, ReqToTokenPool
@@ -48,6 +47,7 @@ from localradix.sched.pins import PinKeeper
 from localradix.sched.prefill_pace import PrefillPace
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.speculation import Speculator
 from localradix.sched.stats import SchedulerStats
@@ -60,7 +60,7 @@ class Scheduler:
     def __init__(
         self,
         runner: ModelRunner,
-        args: ServerArgs,
+        args: SchedulerConfig,
         *,
         context_len: int,
         eos_token_ids: Sequence[int],
@@ -159,7 +159,7 @@ class Scheduler:
             self.tiers = self.slots.tiers = self.cache.on_evict = None
 
     @staticmethod
-    def _speculates(args: ServerArgs, runner: ModelRunner) -> bool:
+    def _speculates(args: SchedulerConfig, runner: ModelRunner) -> bool:
         if not args.speculative:
             return False
         if not runner.verifies:

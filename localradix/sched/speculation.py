@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localradix.config import ServerArgs
 from localradix.mem.radix_cache import RadixCache
 from localradix.sched.request import Req, ReqState
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.spec import (
     AdaptiveConfig,
@@ -75,7 +75,7 @@ class RequestSpec:
 
 @dataclass(eq=False)
 class Speculator:
-    args: ServerArgs
+    args: SchedulerConfig
     slots: SlotHandoff
     cache: RadixCache
     context_len: int

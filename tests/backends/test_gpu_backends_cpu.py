@@ -23,6 +23,7 @@ from localradix.backends.cuda.graphs import (
 from localradix.config import ServerArgs
 from localradix.model_api.kv_layout import KVLayout
 from localradix.sampling_params import SamplingParams
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.step import ForwardBatch, SamplingBatch
 
 from .conftest import VOCAB
@@ -613,7 +614,7 @@ def _serve(runner, args: ServerArgs, prompts: list[list[int]], config) -> list[l
 
     sched = Scheduler(
         runner,
-        args,
+        SchedulerConfig.from_args(args),
         context_len=256,
         eos_token_ids=(),
         decode=lambda ids: "",

@@ -444,13 +444,18 @@ def test_random_workloads_match_transformers_and_leak_nothing(qwen, refs, work, 
 
 def _serve(runner, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy tokens of each prompt, twice (the second round resumes from snapshots)."""
-    from localradix.config import ServerArgs
     from localradix.messages import GenerateRequest
+    from localradix.sched.sched_config import SchedulerConfig
     from localradix.sched.scheduler import Scheduler
 
-    args = ServerArgs(max_total_tokens=1023, max_running_requests=4, chunked_prefill_size=8)
+    config = SchedulerConfig.of(max_running_requests=4, chunked_prefill_size=8)
     sched = Scheduler(
-        runner, args, context_len=256, eos_token_ids=(), decode=lambda ids: "", vocab_size=VOCAB
+        runner,
+        config,
+        context_len=256,
+        eos_token_ids=(),
+        decode=lambda ids: "",
+        vocab_size=VOCAB,
     )
     tokens: dict[str, list[int]] = {}
     for round_ in range(2):

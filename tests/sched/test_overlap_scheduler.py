@@ -25,6 +25,7 @@ from localradix.config import ServerArgs
 from localradix.messages import GenerateRequest
 from localradix.runner.base import ModelRunner
 from localradix.sampling_params import SamplingParams
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.scheduler import Scheduler
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -100,7 +101,7 @@ def _scheduler(
 ) -> Scheduler:
     return Scheduler(
         runner,
-        args,
+        SchedulerConfig.from_args(args),
         context_len=CONTEXT,
         eos_token_ids=(EOS,),
         decode=lambda ids: " ".join(map(str, ids)),

@@ -27,6 +27,7 @@ from localradix.sched.decode import (
 from localradix.sched.launch import StepLauncher
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import CacheHits, SchedulerStats
 from localradix.sched.stop_check import StopChecker
@@ -83,8 +84,8 @@ def rooms(pool_size: int, page: int = 1, chunk: int = 0, max_prefill: int = 8192
         queues,
         slots,
         stats,
-        PrefillAdmission(args, queues, slots, stats),
-        DecodePlanner(args, queues, slots, stats, CONTEXT),
+        PrefillAdmission(SchedulerConfig.from_args(args), queues, slots, stats),
+        DecodePlanner(SchedulerConfig.from_args(args), queues, slots, stats, CONTEXT),
         StepLauncher(KVHashRunner(pool_size), queues, slots, stop, stats, 50),
     )
 

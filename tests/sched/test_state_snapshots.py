@@ -22,6 +22,7 @@ from localradix.config import ServerArgs
 from localradix.messages import GenerateRequest
 from localradix.runner.base import ModelRunner
 from localradix.sampling_params import SamplingParams
+from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.scheduler import Scheduler
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -106,7 +107,12 @@ def _long_scheduler(runner: RecurrentRunner, **kw: object) -> Scheduler:
     """A scheduler for prompts past the overlap tests' 96-token context."""
     args = ServerArgs(max_total_tokens=runner.kv_capacity, **kw)  # type: ignore[arg-type]
     return Scheduler(
-        runner, args, context_len=400, eos_token_ids=(1,), decode=str, vocab_size=VOCAB
+        runner,
+        SchedulerConfig.from_args(args),
+        context_len=400,
+        eos_token_ids=(1,),
+        decode=str,
+        vocab_size=VOCAB,
     )
 
 
