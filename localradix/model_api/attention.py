@@ -57,6 +57,10 @@ class AttentionBackend(ABC):
         self.dtype: torch.dtype = getattr(torch, layout.dtype)
         self.device = device
         self.spec = spec or AttentionSpec.plain(layout.layers)
+        from localradix.model_api.layer_ops import TORCH_LAYER_OPS, LayerOps
+
+        # The fused per-layer ops the model calls between its matmuls (a GPU backend's kernels)
+        self.ops: LayerOps = TORCH_LAYER_OPS
         if len(self.spec.layers) != layout.layers:
             raise ValueError(f"need one layer spec per KV layer ({layout.layers})")
         unmet = [

@@ -97,8 +97,7 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,  # [T, 1, rotary_dim]
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        residual = x if residual is None else x + residual
-        h = F.rms_norm(residual, self.hidden_shape, self.input_norm, self.eps)
+        h, residual = attn.ops.add_rms_norm(x, residual, self.input_norm, self.eps)
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) D]
         tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(tokens, self.num_qk_heads, self.head_dim)
@@ -110,13 +109,13 @@ class DecoderLayer(nn.Module):
         o = attn.forward(
             qk[:, : self.num_heads], qk[:, self.num_heads :], v, self.layer_id, self.scale
         )
-        residual = self.tp.all_reduce(F.linear(o, self.o_weight)) + residual
-        h = F.rms_norm(residual, self.hidden_shape, self.post_norm, self.eps)
+        o = self.tp.all_reduce(F.linear(o, self.o_weight))
+        h, residual = attn.ops.add_rms_norm(o, residual, self.post_norm, self.eps)
         if self.moe is not None:  # each rank's experts hold a slice of their rows: sum them
             return self.tp.all_reduce(self.moe.forward(h)), residual
         assert self.gate_up_weight is not None and self.down_weight is not None
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight)), residual
+        act = attn.ops.silu_mul(F.linear(h, self.gate_up_weight))
+        return self.tp.all_reduce(F.linear(act, self.down_weight)), residual
 
 
 class DecoderForCausalLM(nn.Module):
@@ -165,7 +164,7 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.layers:
             x, residual = layer.forward(x, residual, cos, sin, attn)
         assert residual is not None  # a model has at least one layer
-        return F.rms_norm(x + residual, (self.config.hidden_size,), self.norm, self.eps)
+        return attn.ops.add_rms_norm(x, residual, self.norm, self.eps)[0]
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

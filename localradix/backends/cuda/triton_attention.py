@@ -104,8 +104,10 @@ class TritonAttention(AttentionBackend):
         if torch.device(device).type == "cpu":
             _require_interpreter()
         from localradix.backends.cuda import triton_kernels
+        from localradix.backends.cuda.triton_ops import TritonLayerOps
 
         self.kernels = triton_kernels
+        self.ops = TritonLayerOps()  # add + RMSNorm and SiLU · mul, one kernel each
         self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
         self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
         self.page_size = layout.page_size
