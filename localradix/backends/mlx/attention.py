@@ -12,6 +12,10 @@ p - window < j <= p: Gemma 3, gpt-oss) attend by their own plan of the step, who
 keep only the keys inside the window (extends: a banded mask). Every slot stays cached, windowed
 layers only read less, so a radix-cache hit of any length is exact. Attention sinks (gpt-oss)
 go to SDPA as they are; the cascade merges them like one more key without a value.
+
+KV layers may differ in shape (`KVLayout.layer_shapes`, Gemma 4's bigger full-attention heads):
+each layer's arrays have its own [num_slots + 1, Hkv, D]. A layer that reads another's K/V
+(Gemma 4's KV-shared layers) calls `forward` under that layer's id with `store=False`.
 """
 
 from __future__ import annotations
@@ -63,8 +67,9 @@ class MLXPagedAttention:
     def __init__(self, layout: KVLayout, dtype: mx.Dtype, windows: Sequence[int] = ()) -> None:
         self.layout = layout
         self.num_slots = layout.slots
-        self.k_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
-        self.v_cache = [mx.zeros(layout.slot_shape, dtype=dtype) for _ in range(layout.layers)]
+        shapes = [(layout.slots + 1, heads, dim) for heads, dim in layout.shapes]
+        self.k_cache = [mx.zeros(shape, dtype=dtype) for shape in shapes]
+        self.v_cache = [mx.zeros(shape, dtype=dtype) for shape in shapes]
         mx.eval(self.k_cache, self.v_cache)
         self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
         if len(self.windows) != layout.layers or min(self.windows) < 0:
@@ -94,11 +99,14 @@ class MLXPagedAttention:
         layer_id: int,
         scale: float,
         sinks: mx.array | None = None,
+        store: bool = True,
     ) -> mx.array:
         """q [T, Hq, D], k/v [T, Hkv, D] of the new tokens -> [T, Hq * D]. `sinks`: [Hq] logits
-        in q's dtype that join each head's softmax denominator (gpt-oss)."""
-        self.k_cache[layer_id][self._out_slots] = k
-        self.v_cache[layer_id][self._out_slots] = v
+        in q's dtype that join each head's softmax denominator (gpt-oss). `store=False`: k/v
+        are layer `layer_id`'s, already stored this step (a KV-shared layer reads them)."""
+        if store:
+            self.k_cache[layer_id][self._out_slots] = k
+            self.v_cache[layer_id][self._out_slots] = v
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
         step = self._plans[self.windows[layer_id]]
         pieces = []

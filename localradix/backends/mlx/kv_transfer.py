@@ -1,8 +1,10 @@
 """MLXKVTransfer: the MLX runner's KV slots to host bytes and back (for the cache tiers).
 
 The MLX cache is one `[slots + 1, kv_heads, head_dim]` array per layer for K and for V. A
-token leaves as one row of bytes, its K of every layer then its V, as the torch runners'
-(`runner/kv_transfer.py`); bfloat16 travels as raw bytes (numpy has no such type).
+token leaves as one row of bytes, as the torch runners' (`runner/kv_transfer.py`): per group
+of layers of one shape (`KVLayout.groups`: one group unless the shapes are mixed, Gemma 4),
+its K of every layer of the group then its V. bfloat16 travels as raw bytes (numpy has no such
+type).
 """
 
 from __future__ import annotations
@@ -17,31 +19,38 @@ import numpy as np
 class MLXKVTransfer:
     def __init__(self, attn: Any, device: Any) -> None:
         self.attn, self.device = attn, device
-        first = attn.k_cache[0]
-        self.layers, self.heads, self.dim = len(attn.k_cache), first.shape[1], first.shape[2]
-        self.dtype = first.dtype
-        self.half = self.layers * self.heads * self.dim * first.itemsize
-        self.bytes_per_token = 2 * self.half
+        self.dtype = attn.k_cache[0].dtype
+        itemsize = attn.k_cache[0].itemsize
+        self.groups: list[tuple[int, int, tuple[int, ...]]] = list(attn.layout.groups)
+        # bytes of one token's K (or V) in each group's layers
+        self.halves = [len(layers) * h * d * itemsize for h, d, layers in self.groups]
+        self.bytes_per_token = 2 * sum(self.halves)
 
     def read(self, slots: np.ndarray) -> np.ndarray:
+        n = len(slots)
         index = mx.array(np.ascontiguousarray(slots, dtype=np.int32))
         with mx.stream(self.device):
             halves = [
-                mx.stack([layer[index] for layer in caches], axis=1).view(mx.uint8)
+                mx.stack([caches[layer][index] for layer in layers], axis=1)
+                .view(mx.uint8)
+                .reshape(n, -1)  # [n, layers * heads * dim * itemsize]
+                for _, _, layers in self.groups
                 for caches in (self.attn.k_cache, self.attn.v_cache)
-            ]  # [n, layers, heads, dim * itemsize] each
-            rows = mx.concatenate([h.reshape(len(slots), -1) for h in halves], axis=1)
+            ]
+            rows = mx.concatenate(halves, axis=1)
             mx.eval(rows)
         return np.array(rows)
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         rows = np.concatenate(parts) if len(parts) != 1 else parts[0]
         index = mx.array(np.ascontiguousarray(slots, dtype=np.int32))
-        n, shape = len(slots), (len(slots), self.layers, self.heads, -1)
+        n, start = len(slots), 0
         with mx.stream(self.device):
-            for caches, half in ((self.attn.k_cache, rows[:, : self.half]),
-                                 (self.attn.v_cache, rows[:, self.half :])):  # fmt: skip
-                tokens = mx.array(np.ascontiguousarray(half)).reshape(shape).view(self.dtype)
-                for layer in range(self.layers):
-                    caches[layer][index] = tokens[:, layer].reshape(n, self.heads, self.dim)
+            for (heads, dim, layers), half in zip(self.groups, self.halves, strict=True):
+                for caches in (self.attn.k_cache, self.attn.v_cache):
+                    part = np.ascontiguousarray(rows[:, start : start + half])
+                    start += half
+                    tokens = mx.array(part).view(self.dtype).reshape(n, len(layers), heads, dim)
+                    for j, layer in enumerate(layers):
+                        caches[layer][index] = tokens[:, j]
             mx.eval(self.attn.state())

@@ -1,0 +1,82 @@
+"""Gemma 4's MoE block on MLX (twin of models/gemma4.py's `Gemma4Experts`): beside each
+layer's dense MLP, GeGLU experts fed the pre-normed residual and routed by the residual itself.
+
+The router norms its input without a weight, times `scale` and 1/sqrt(hidden), softmaxes the
+logits in float32, keeps the top k renormalised to sum to 1 and multiplies each by its
+expert's `per_expert_scale`. The experts come stacked (`experts.gate_up_proj` [E, 2I, H],
+`experts.down_proj` [E, H, I]) and run through moe.py's gathered matmuls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import mlx.core as mx
+
+from localradix.backends.mlx.moe import SORT_FROM, MoEBlock, StackedExperts
+from localradix.backends.mlx.reader import WeightReader
+from localradix.models.config import ModelConfig
+
+
+def arrays_of(values: Iterable[object]) -> list[mx.array]:
+    """The MLX arrays among `values`: arrays, dicts' and lists' arrays, and whatever objects
+    with an `arrays()` method (linear layers, blocks) hold."""
+    out: list[mx.array] = []
+    for value in values:
+        if isinstance(value, mx.array):
+            out.append(value)
+        elif isinstance(value, dict):
+            out += arrays_of(value.values())
+        elif isinstance(value, list | tuple):
+            out += arrays_of(value)
+        elif hasattr(value, "arrays"):
+            out += value.arrays()
+    return out
+
+
+class Gemma4Experts(MoEBlock):
+    def __init__(  # (its own names: not MoEBlock's)
+        self,
+        c: ModelConfig,
+        prefix: str,
+        w: WeightReader,
+        gelu: Callable[[mx.array], mx.array],
+    ) -> None:
+        hidden, inter, experts = c.hidden_size, c.moe_intermediate_size, c.num_experts
+        self.top_k, self.intermediate, self.gelu = c.num_experts_per_tok, inter, gelu
+        self.eps, self.root = c.rms_norm_eps, hidden**-0.5
+        self.router = w.linear(prefix + "router.proj.weight", (experts, hidden))
+        self.scale = w.take(prefix + "router.scale", (hidden,))
+        self.per_expert_scale = w.take(prefix + "router.per_expert_scale", (experts,))
+        p = prefix + "experts."
+        self.gate_up = StackedExperts.dense(
+            w.take(p + "gate_up_proj", (experts, 2 * inter, hidden))
+        )
+        self.down = StackedExperts.dense(w.take(p + "down_proj", (experts, hidden, inter)))
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """The residual x [T, H] -> (weights [T, k] in float32, expert ids [T, k])."""
+        h = mx.fast.rms_norm(x.astype(mx.float32), None, self.eps).astype(x.dtype)
+        probs = mx.softmax(self.router(h * self.scale * self.root).astype(mx.float32), axis=-1)
+        ids = mx.argpartition(-probs, kth=self.top_k - 1, axis=-1)[:, : self.top_k]
+        weights = mx.take_along_axis(probs, ids, axis=-1)
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+        return weights * self.per_expert_scale[ids], ids
+
+    def activate(self, h: mx.array) -> mx.array:
+        gate, up = h[..., : self.intermediate], h[..., self.intermediate :]
+        return self.gelu(gate) * up  # GeGLU
+
+    def __call__(self, x: mx.array, routed: mx.array | None = None) -> mx.array:
+        """x [T, H] (pre-normed) through the experts that `routed` (the residual; default x)
+        picks -> [T, H]."""
+        weights, ids = self.route(x if routed is None else routed)
+        tokens, k = ids.shape
+        if ids.size < SORT_FROM:  # each token's row against its k experts: [T, k, 1, H]
+            y = self._experts(x[:, None, None, :], ids, sorted_ids=False)[:, :, 0]
+        else:  # (token, expert) pairs grouped by expert, then put back in order
+            flat = ids.flatten()
+            order = mx.argsort(flat)
+            y = self._experts(x[order // k][:, None, :], flat[order], sorted_ids=True)
+            y = y[mx.argsort(order)].reshape(tokens, k, -1)
+        return (y * weights[..., None]).sum(axis=1).astype(x.dtype)
