@@ -268,20 +268,22 @@ def test_mlx_refuses_only_what_it_lacks(tmp_path):
 
     families = [_phi._configs()["phi4"], _moe._configs()["qwen3_moe"], _gemma._hf_config()]
     families += [_oss._hf_config()]
+    # Qwen3.5, Qwen3.5-MoE, Qwen3-Next: held to transformers in test_mlx_qwen3_5.py
+    families += [_qwen3_5._hf_config(f) for f in ("dense", "moe", "next")]
     for config in families:
         assert mlx_lacks(ModelConfig.from_hf_dict(config.to_dict())) == []
-    _qwen3_5._save("dense", tmp_path)
+    # a Gemma 2-style attention soft-cap on a Gemma 3 checkpoint: named, not silently dropped
+    capped = _gemma._hf_config(attn_logit_softcapping=50.0)
+    assert mlx_lacks(ModelConfig.from_hf_dict(capped.to_dict())) == [
+        "attention logit soft-capping (Gemma 2)"
+    ]
+    _save(transformers.AutoModelForCausalLM.from_config(capped), tmp_path)
     pattern = (
-        r"^the MLX backend does not implement gated delta-net linear attention layers, "
-        r"gated attention output \(Qwen3.5\), \(1 \+ weight\) RMSNorms \(Qwen3_5ForCausalLM\): "
-        r"serve it with "
-        r"--backend cpu .* --backend llamacpp$"
+        r"^the MLX backend does not implement attention logit soft-capping \(Gemma 2\) "
+        r"\(Gemma3ForCausalLM\): serve it with --backend cpu .* --backend llamacpp$"
     )
     with pytest.raises(ValueError, match=pattern):
         Engine(str(tmp_path), backend="mlx", dtype="float32", max_total_tokens=512)
-    # a Gemma 2-style attention soft-cap on a Gemma 3 checkpoint: named, not silently dropped
-    capped = ModelConfig.from_hf_dict(_gemma._hf_config(attn_logit_softcapping=50.0).to_dict())
-    assert mlx_lacks(capped) == ["attention logit soft-capping (Gemma 2)"]
 
 
 def test_gpt_oss_runs_in_bfloat16(tmp_path_factory):
