@@ -22,7 +22,9 @@ from localradix.mem.kv_chunks import DIGEST_BYTES
 CHECKSUM_BYTES = 4  # CRC-32: torn writes and flipped bits, at memory speed (blake2b: 5x slower)
 SUFFIX = ".kv"
 CHILDREN_SUFFIX = ".next"
-KEPT_SUFFIXES = (SUFFIX, CHILDREN_SUFFIX, ".tmp")  # what the budget counts and `clear` deletes
+STATES_SUFFIX = ".states"  # per chunk: the states stored after it (`parse_state`)
+# What the budget counts and `clear` deletes:
+KEPT_SUFFIXES = (SUFFIX, CHILDREN_SUFFIX, STATES_SUFFIX, ".tmp")
 MODEL_FILE = "model.json"
 
 
@@ -127,6 +129,21 @@ def parse_child(line: bytes) -> tuple[bytes, np.ndarray] | None:
     except ValueError:
         return None
     return (digest, ids) if len(digest) == DIGEST_BYTES else None
+
+
+def state_line(digest: bytes, tail: int) -> bytes:
+    """A states-list line: a state's digest and its tail's length (tokens past its chunk)."""
+    return f"{digest.hex()} {tail}\n".encode()
+
+
+def parse_state(line: bytes) -> tuple[bytes, int] | None:
+    """A states-list line as (digest, tail length); None for a torn or garbled one."""
+    try:
+        name, tail = line.split(b" ")
+        digest, length = bytes.fromhex(name.decode()), int(tail)
+    except ValueError:
+        return None
+    return (digest, length) if len(digest) == DIGEST_BYTES and length >= 0 else None
 
 
 def checksum(data: bytes | memoryview) -> bytes:

@@ -6,7 +6,10 @@ backend never reads another's KV), and `<root>/<fingerprint>/<xx>/<digest>.kv` i
 Beside them, `<xx>/<parent>.next` lists the chunks stored after chunk `parent` (a line each:
 digest and tokens), so a prompt that parts from a stored path inside a chunk still finds the
 tokens they share (`children`); lines are appended whole, and a line naming a chunk since
-deleted or damaged is a miss.
+deleted or damaged is a miss. Likewise `<xx>/<parent>.states` lists the model states (recurrent
+layers) stored after chunk `parent` (a line each: digest and how many tokens past that chunk),
+so a prompt's states are found with one read per chunk (`states`); a state's line is appended
+before its file is written, so a crash leaves at most a line naming nothing (a miss).
 A file is a magic line, a JSON header, the tokens, the KV bytes and a checksum of all of it;
 it is written under a temporary name and renamed into place, so a crash mid-write leaves no
 file a reader loads, and a torn or flipped file fails its checksum: it is skipped with one
@@ -36,12 +39,15 @@ from localradix.mem.disk_files import (
     CHECKSUM_BYTES,
     CHILDREN_SUFFIX,
     MODEL_FILE,
+    STATES_SUFFIX,
     SUFFIX,
     append_line,
     checksum,
     map_file,
     parse_child,
+    parse_state,
     private_dir,
+    state_line,
     touch,
     unlink,
     walk,
@@ -56,6 +62,7 @@ logger = logging.getLogger("localradix.kv_disk")
 
 MAGIC = b"LRKV\x02\n"
 MAX_CHILDREN = 64  # lines of a children list read (the newest): a root's list may grow long
+MAX_STATES = 256  # lines of a states list read (the newest): several servers may append
 STALE_TMP_S = 600  # a temporary file this old was left by a writer that died
 TRIM_TO = 0.9  # past the budget, delete down to this share of it (fewer rescans)
 QUEUE_BYTES = 256 * 2**20  # demoted KV waiting for the writer; beyond it a demotion is dropped
@@ -151,6 +158,20 @@ class DiskTier:
                 found.append(child)
         return found
 
+    def states(self, parent: bytes) -> list[tuple[bytes, int]]:
+        """(digest, tail length) of the states stored or queued after chunk `parent`, as
+        listed (a torn or garbled line is skipped; `get` verifies the state itself)."""
+        with self._lock:
+            pending = self._pending.values()
+            found = [(c.digest, len(c.tokens)) for c in pending if c.parent == parent and c.state]
+        path = self._path(parent, STATES_SUFFIX)
+        try:
+            lines = path.read_bytes().splitlines()[-MAX_STATES:]
+        except OSError:
+            return found
+        touch(path)
+        return found + [s for s in map(parse_state, lines) if s is not None]
+
     def put(self, chunk: KVChunk, wait: bool = False) -> bool:
         """Queue `chunk` for writing; False (dropped) when the writer is too far behind,
         unless `wait` (a shutdown's drain): then wait for it to catch up."""
@@ -206,8 +227,12 @@ class DiskTier:
             return
         private_dir(path.parent)
         data = self._encode(chunk)
+        if chunk.state:  # listed first: a crash between leaves a line naming nothing
+            append_line(
+                self._path(chunk.parent, STATES_SUFFIX), state_line(chunk.digest, len(chunk.tokens))
+            )
         write_atomic(path, data)
-        if not chunk.state:  # (states are found by name: `KVTiers.fetch_state`)
+        if not chunk.state:
             line = chunk.digest.hex() + " " + ",".join(map(str, chunk.tokens.tolist())) + "\n"
             append_line(self._children_path(chunk.parent), line.encode())
         self.stats.files_written += 1

@@ -14,8 +14,9 @@ slots and inserts them into the tree, so a tier hit is an ordinary cache hit.
 
 For models with recurrent layers (whose KV alone cannot resume a request: `SnapshotStore`),
 the state snapshots at the tree's nodes go down too (`demote_state`), named by their position's
-tokens, and `fetch_state` finds the deepest one along a prompt: a request then resumes there
-from KV and state loaded back, as from any snapshot in memory.
+tokens, and `fetch_state` finds the deepest one along a prompt from each tier's list of the
+states kept after each chunk (one lookup per chunk, not a digest per position): a request then
+resumes there from KV and state loaded back, as from any snapshot in memory.
 
 Everything here is host-side numpy; the runner's `KVTransfer` moves KV between its device
 buffers and the host, its `StateTransfer` a state.
@@ -35,6 +36,7 @@ from localradix.mem.disk_tier import DiskTier
 from localradix.mem.host_tier import HostTier
 from localradix.mem.kv_chunks import KVChunk, chain, next_digest, root_digest, state_digest
 from localradix.mem.radix_node import TreeNode
+from localradix.mem.state_index import StateIndex
 
 logger = logging.getLogger("localradix.kv_tiers")
 
@@ -124,6 +126,7 @@ class KVTiers:
         self.load_bytes_per_s: float | None = None
         self.draining = False  # closing: a full write queue waits instead of dropping
         self.states: StateTransfer | None = None  # set for models with recurrent layers
+        self.host_states = StateIndex(host.has if host is not None else lambda d: False)
 
     # ---- down ----------------------------------------------------------------------------------
 
@@ -261,19 +264,36 @@ class KVTiers:
             return None
         c = self.chunk
         digests = chain(key, extra_key, c, upto=upto // c)
-        for end in range(upto, after, -1):
-            whole = end // c
+        for whole in range(upto // c, after // c - 1, -1):
             parent = digests[whole - 1] if whole else root_digest(extra_key)
-            digest = state_digest(parent, key[whole * c : end])
-            if not self._has(digest):
-                continue
-            chunk, _ = self._get(digest)
-            if chunk is None or not chunk.state:
-                continue
-            handle, nbytes = self.states.adopt(chunk.data.reshape(-1), end)
-            self.counters.promoted_states += 1
-            return end, handle, nbytes
+            for end, digest in self._states_after(parent, key, whole * c, after, upto):
+                chunk, _ = self._get(digest)
+                if chunk is None or not chunk.state:
+                    continue  # gone, damaged (warned), or a garbled line's name
+                try:
+                    handle, nbytes = self.states.adopt(chunk.data.reshape(-1), end)
+                except ValueError as exc:  # a state another build of the runner wrote
+                    logger.warning("KV cache tiers: not resuming from a state (%s)", exc)
+                    continue
+                self.counters.promoted_states += 1
+                return end, handle, nbytes
         return None
+
+    def _states_after(
+        self, parent: bytes, key: np.ndarray, base: int, after: int, upto: int
+    ) -> list[tuple[int, bytes]]:
+        """(end, digest) of the states listed after chunk `parent` (which ends at `base`)
+        that name `key[:end]` for some end in (after, upto], deepest first."""
+        listed = self.host_states.get(parent)
+        if self.disk is not None:
+            listed += self.disk.states(parent)
+        found = {}
+        for digest, tail in listed:
+            end = base + tail
+            if after < end <= upto and end not in found:
+                if state_digest(parent, key[base:end]) == digest:
+                    found[end] = digest
+        return sorted(found.items(), reverse=True)
 
     def _longest_child(self, parent: bytes, rest: np.ndarray) -> tuple[bytes, int] | None:
         """(digest, count) of the chunk held after `parent` whose tokens begin with the most
@@ -304,7 +324,7 @@ class KVTiers:
         c.promotions += 1
         c.promoted_tokens += n
         c.disk_hit_tokens += fetched.from_disk
-        if seconds > 0:
+        if seconds > 0 and self.kv.bytes_per_token:  # (none: a model without attention)
             rate = n * self.kv.bytes_per_token / seconds
             old = self.load_bytes_per_s
             self.load_bytes_per_s = rate if old is None else old + SMOOTHING * (rate - old)
@@ -345,6 +365,8 @@ class KVTiers:
     def _keep(self, chunk: KVChunk) -> None:
         if self.host is not None:
             self.host.put(chunk)
+            if chunk.state:
+                self.host_states.add(chunk.parent, chunk.digest, len(chunk.tokens))
         elif self.disk is not None:
             self.disk.put(chunk, wait=self.draining)
 
@@ -354,7 +376,7 @@ class KVTiers:
         bpt = self.kv.bytes_per_token
         out: dict[str, Any] = asdict(self.counters)
         if self.host is not None:
-            out.update(host_bytes=self.host.bytes, host_tokens=self.host.bytes // bpt)
+            out.update(host_bytes=self.host.bytes, host_tokens=self.host.bytes // max(bpt, 1))
         if self.disk is not None:
             disk = self.disk.stats
             out.update(

@@ -1,13 +1,15 @@
 """llama.cpp's per-sequence KV state blob, read into token rows and written back.
 
-`llama_state_seq_get_data` of one sequence of a plain (unified, non-SWA, non-recurrent) KV cache
-is: llama.cpp's state magic and the sequence id, the stream count (1), the cell count n, per cell its position, a sequence count (1) and
-that sequence id, then `v_trans` and the layer count, every layer's K type, row size and n
-rows, and every layer's V likewise (or, with `v_trans`, its type, element size and width
-followed by the n cells' elements of each V column). The cache tiers store KV token by token,
-so a cell becomes one row: its K of every layer, then its V of every layer. The layout (types,
-row sizes) is learned once from a blob llama.cpp wrote itself (`CellLayout.parse`), never
-assumed.
+`llama_state_seq_get_data` of one sequence of a plain (unified, non-SWA) KV cache is: llama.cpp's
+state magic and the sequence id, the stream count (1), the cell count n, per cell its position, a
+sequence count (1), the cell's extension when the model has one (M-RoPE's 2D position and the
+token id: `ext` bytes) and that sequence id, then `v_trans` and the layer count, every layer's K
+type, row size and n rows, and every layer's V likewise (or, with `v_trans`, its type, element
+size and width followed by the n cells' elements of each V column). A hybrid model's blob holds
+this attention part first, its recurrent part after (stripped by the caller). The cache tiers
+store KV token by token, so a cell becomes one row: its extension, its K of every layer, then
+its V of every layer. The layout (types, row sizes, extension) is learned once from a blob
+llama.cpp wrote itself (`CellLayout.learn`), never assumed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CELL_META = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
+EXT_BYTES = (0, 12)  # sizes of llama_kv_cell_ext a cell may carry: none, or (x, y, token)
+
+
+def cell_meta(ext: int) -> np.dtype:
+    return np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("ext", "u1", (ext,)), ("seq", "<i4")])
 
 
 class BlobError(ValueError):
@@ -33,24 +39,40 @@ class CellLayout:
     v_types: tuple[int, ...]
     v_rows: tuple[int, ...]  # bytes of one cell's V, per layer
     v_elems: tuple[tuple[int, int], ...] = ()  # (element size, width) per layer with v_trans
+    ext: int = 0  # bytes of each cell's extension (M-RoPE position, token id), kept in its row
 
     @property
     def bytes_per_token(self) -> int:
-        return sum(self.k_rows) + sum(self.v_rows)
+        return self.ext + sum(self.k_rows) + sum(self.v_rows)
 
     @classmethod
-    def parse(cls, blob: bytes | memoryview) -> tuple[CellLayout, np.ndarray, np.ndarray]:
-        """(layout, positions int32 [n], rows uint8 [n, bytes_per_token]) of a blob."""
+    def learn(cls, blob: bytes | memoryview) -> CellLayout:
+        """The layout of a blob llama.cpp wrote: whether its cells carry an extension is not
+        in the blob, so each size is tried; only the right one parses to the end."""
+        errors = []
+        for ext in EXT_BYTES:
+            try:
+                return cls.parse(blob, ext)[0]
+            except BlobError as exc:
+                errors.append(str(exc))
+        raise BlobError(" / ".join(errors))
+
+    @classmethod
+    def parse(
+        cls, blob: bytes | memoryview, ext: int = 0
+    ) -> tuple[CellLayout, np.ndarray, np.ndarray]:
+        """(layout, positions int32 [n], rows uint8 [n, bytes_per_token]) of a blob whose
+        cells carry `ext` bytes of extension."""
         reader = _Reader(blob)
-        magic, _ = reader.u32(), reader.i32()
+        magic, seq = reader.u32(), reader.i32()
         if reader.u32() != 1:
             raise BlobError("more than one KV stream (a non-unified cache)")
         n = reader.u32()
-        meta = reader.array(CELL_META, n)
-        if n and ((meta["n_seq"] != 1).any()):
+        meta = reader.array(cell_meta(ext), n)
+        if n and ((meta["n_seq"] != 1).any() or (meta["seq"] != seq).any()):
             raise BlobError("cells of several sequences")
         v_trans, layers = reader.u32(), reader.u32()
-        k_types, k_rows, parts = [], [], []
+        k_types, k_rows, parts = [], [], [meta["ext"]]
         for _ in range(layers):
             k_types.append(reader.i32())
             k_rows.append(reader.u64())
@@ -71,10 +93,9 @@ class CellLayout:
             raise BlobError(f"{reader.left} bytes past the end of the KV state")
         layout = cls(
             magic, bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows),
-            tuple(v_elems),
+            tuple(v_elems), ext,
         )  # fmt: skip
-        rows = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.uint8)
-        return layout, meta["pos"].astype(np.int64), rows
+        return layout, meta["pos"].astype(np.int64), np.concatenate(parts, axis=1)
 
     def build(
         self, positions: np.ndarray, rows: np.ndarray | Sequence[np.ndarray], seq: int = 0
@@ -83,13 +104,15 @@ class CellLayout:
         consecutive parts of it), written in place: per layer, one strided copy per part."""
         parts = [rows] if isinstance(rows, np.ndarray) else list(rows)
         n, layers = len(positions), len(self.k_rows)
-        size = 24 + CELL_META.itemsize * n + 12 * 2 * layers + n * self.bytes_per_token
+        meta = np.zeros(n, dtype=cell_meta(self.ext))
+        size = 24 + meta.nbytes + 12 * 2 * layers + n * (self.bytes_per_token - self.ext)
         writer = _Writer(np.empty(size, dtype=np.uint8))
-        meta = np.zeros(n, dtype=CELL_META)
         meta["pos"], meta["n_seq"], meta["seq"] = positions, 1, seq
+        if self.ext:
+            meta["ext"] = np.concatenate([part[:, : self.ext] for part in parts])
         writer.put(_u32(self.magic), _i32(seq), _u32(1), _u32(n), meta.tobytes())
         writer.put(_u32(int(self.v_trans)), _u32(layers))
-        col = 0
+        col = self.ext
         for k_type, width in zip(self.k_types, self.k_rows):
             writer.put(_i32(k_type), _u64(width))
             writer.rows(parts, col, width)

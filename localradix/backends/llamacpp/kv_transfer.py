@@ -7,8 +7,13 @@ state blob. A spare sequence id (`scratch`, outside the SeqMap) carries the cell
 - in: the rows become a blob at the positions after the cached prefix, loaded as `scratch`'s
   only cells, then handed to a new ghost sequence that also tags the prefix (`SeqMap.adopt`),
   exactly as if that sequence had computed them.
-Only plain KV caches qualify (one unified stream, no sliding-window second cache, no
-recurrent state); `probe` learns the layout from a one-token blob llama.cpp writes itself.
+A hybrid model's blob (flags 0) is the attention part, then the recurrent part; `scratch`'s
+recurrent part is always the empty state's (`LlamaStates.kept` detaches it around every cell
+edit), so `tail` (that empty part) is cut off a blob read and appended to one written: loading
+it leaves `scratch` no state. The request's state comes back on its own (`LlamaStates.adopt`).
+A pure recurrent model has no cells (`layout` None): its rows are empty, and only the map moves.
+Sliding-window models do not qualify (see `LlamaCppRunner`); the runner learns the layout from
+a one-token blob llama.cpp writes itself (`CellLayout.learn`).
 """
 
 from __future__ import annotations
@@ -21,19 +26,34 @@ import numpy as np
 
 from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
 from localradix.backends.llamacpp.seq_map import SeqMap
+from localradix.mem.kv_tiers import KVUnavailable
 
 
 class LlamaKVTransfer:
-    def __init__(self, llama: Any, ctx: Any, seqs: SeqMap, scratch: int, layout: CellLayout):
+    def __init__(
+        self,
+        llama: Any,
+        ctx: Any,
+        seqs: SeqMap,
+        scratch: int,
+        layout: CellLayout | None,
+        tail: bytes = b"",
+    ):
         self.llama, self.ctx, self.seqs, self.scratch = llama, ctx, seqs, scratch
-        self.layout = layout
-        self.bytes_per_token = layout.bytes_per_token
+        self.layout, self.tail = layout, np.frombuffer(tail, dtype=np.uint8)
+        self.bytes_per_token = layout.bytes_per_token if layout is not None else 0
 
     def read(self, slots: np.ndarray) -> np.ndarray:
         slots = np.asarray(slots, dtype=np.int64)
-        layout, positions, rows = CellLayout.parse(
-            self.seqs.export(slots, self.scratch, self._save)
-        )
+        if self.layout is None:  # no cells: the map alone says which slots hold tokens
+            if (self.seqs.slot_pos[slots] < 0).any():
+                raise KVUnavailable("exporting slots that hold no cell")
+            return np.zeros((len(slots), 0), dtype=np.uint8)
+        blob = self.seqs.export(slots, self.scratch, self._save)
+        if len(self.tail) and bytes(blob[len(blob) - len(self.tail) :]) != self.tail.tobytes():
+            raise KVUnavailable("the spare sequence kept a recurrent state")
+        blob = blob[: len(blob) - len(self.tail)]
+        layout, positions, rows = CellLayout.parse(blob, self.layout.ext)
         if layout != self.layout:
             raise BlobError("llama.cpp's KV layout changed since the probe")
         wanted = self.seqs.slot_pos[slots]
@@ -44,8 +64,13 @@ class LlamaKVTransfer:
         return rows[at]
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        if self.layout is None:
+            self.seqs.adopt(np.asarray(prefix, np.int64), slots, self.scratch, lambda s: None)
+            return
         positions = np.arange(len(prefix), len(prefix) + len(slots), dtype=np.int64)
         blob = self.layout.build(positions, parts, seq=self.scratch)  # no concatenated copy
+        if len(self.tail):  # (one copy of the blob: a hybrid's own state loads apart)
+            blob = np.concatenate([blob, self.tail])
         self.seqs.adopt(
             np.asarray(prefix, np.int64), slots, self.scratch, lambda s: self._load(s, blob)
         )

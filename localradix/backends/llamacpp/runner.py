@@ -110,11 +110,14 @@ class LlamaCppRunner(ModelRunner):
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
+        # Non-SWA KV can go to the cache tiers, through one spare sequence. SWA KV cannot:
+        # llama.cpp writes a sequence's SWA cells only within its last position's window
+        # (`state_write`) and reuses cells outside their one owner's (`find_slot`, swa_full
+        # or not), so the older SWA K/V an exact hit needs is not there to export.
+        self.tiers_kv = int(llama.llama_model_n_swa(self.model)) == 0
         if self.recurrent:  # llama.cpp allocates a recurrent state per sequence id
-            self.n_seq = min(self.n_seq, 2 * rows)
-        # A plain KV cache can copy its cells to the cache tiers, through one spare sequence.
-        self.plain_kv = not self.recurrent and int(llama.llama_model_n_swa(self.model)) == 0
-        mapped = self.n_seq - 1 if self.plain_kv else self.n_seq
+            self.n_seq = min(self.n_seq, 2 * rows + self.tiers_kv)
+        mapped = self.n_seq - 1 if self.tiers_kv else self.n_seq
         if 2 * rows > mapped:
             raise ValueError(
                 f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
@@ -139,7 +142,7 @@ class LlamaCppRunner(ModelRunner):
             budget = _snapshot_budget(args.snapshot_mib)
             self.states = LlamaStates(llama, self.ctx, self.seqs, budget)
             self.snapshots = self.states
-        self.kv_transfer = self._kv_transfer() if self.plain_kv else None
+        self.kv_transfer = self._kv_transfer() if self.tiers_kv else None
         logger.info(
             "llama.cpp: %s, %d threads, %d sequence ids; keeps at most %d idle cached tokens "
             "(--max-cached-tokens)",
@@ -177,7 +180,7 @@ class LlamaCppRunner(ModelRunner):
     def check_kv(self, pool: KVPool) -> None:
         allocated = np.setdiff1d(np.arange(1, pool.num_slots), pool.free_slots())
         self.seqs.check(allocated)
-        if self.plain_kv and self._pos_max(self.n_seq - 1) >= 0:
+        if self.tiers_kv and self._pos_max(self.n_seq - 1) >= 0:
             raise AssertionError("the cache tiers' spare sequence still holds cells")
         for seq in range(self.seqs.n_seq):
             held = np.flatnonzero(self.seqs.paths[seq] >= 0)
@@ -237,20 +240,29 @@ class LlamaCppRunner(ModelRunner):
 
     def _kv_transfer(self) -> LlamaKVTransfer | None:
         """Cells to host bytes and back for the cache tiers, the layout learned from a blob
-        of one probe token (None, and the tiers stay off, if llama.cpp's differs)."""
-        scratch = self.n_seq - 1
+        of one probe token (None, and the tiers stay off, if llama.cpp's differs); a hybrid's
+        blob ends in its recurrent part, the empty state's for the spare sequence (`tail`)."""
+        scratch, llama = self.n_seq - 1, self.llama
+        if self.states is not None and not llama.llama_model_is_hybrid(self.model):
+            return LlamaKVTransfer(llama, self.ctx, self.seqs, scratch, None)  # no cells
+        tail = bytes(self.states.empty)[8:] if self.states is not None else b""  # (past magic, id)
         one = np.zeros(1, dtype=np.int64)
         self.batch.fill(one, one, np.full(1, scratch), one)
-        if self.llama.llama_decode(self.ctx, self.batch.struct) != 0:
+        if llama.llama_decode(self.ctx, self.batch.struct) != 0:
             return None
         try:
-            layout = CellLayout.parse(save_state(self.llama, self.ctx, scratch))[0]
+            if self.states is not None:  # the probe token's state goes: the tail is the empty one
+                self.states.clear(scratch)
+            blob = save_state(llama, self.ctx, scratch)
+            if bytes(blob[len(blob) - len(tail) :]) != tail:
+                raise BlobError("a hybrid blob that does not end in its recurrent part")
+            layout = CellLayout.learn(blob[: len(blob) - len(tail)])
         except BlobError as exc:
             logger.info("llama.cpp's KV state cannot go to the cache tiers: %s", exc)
             return None
         finally:
             self._seq_rm(scratch, -1, -1)
-        return LlamaKVTransfer(self.llama, self.ctx, self.seqs, scratch, layout)
+        return LlamaKVTransfer(llama, self.ctx, self.seqs, scratch, layout, tail)
 
     def _logit_rows(self, outputs: np.ndarray) -> Any:
         import torch

@@ -14,16 +14,21 @@ which the unified cache shares by tagging as for any model). So:
   (loading an empty blob detaches it, so llama.cpp lets the cells go), then put back, so
   cache bookkeeping never changes what a running request computes.
 Loading a state costs a copy of it (kilobytes for tiny models, a few MB for real ones), paid
-per cache event, never per token.
+per cache event, never per token. For the cache tiers (`StateTransfer`), a snapshot travels as
+its blob's bytes (`export`) and comes back as a new snapshot (`adopt`), checked to be a state
+of one cell at the position its name says, so a stale or foreign blob is a miss, not a crash.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from localradix.backends.llamacpp.seq_map import SeqMap
@@ -68,6 +73,27 @@ class LlamaStates:
     def live(self) -> int:
         return len(self._blobs)
 
+    # ---- StateTransfer (the cache tiers below the tree) ---------------------------------------
+
+    def export(self, handle: int) -> np.ndarray:
+        """uint8 [bytes]: the snapshot's blob (a copy: the blob's buffer is reused)."""
+        return np.frombuffer(self._blobs[handle], dtype=np.uint8).copy()
+
+    def adopt(self, data: np.ndarray, tokens: int) -> tuple[int, int]:
+        """A snapshot of the blob `export` gave, after `tokens` tokens: (handle, bytes)."""
+        # magic, sequence id, then the recurrent part: one cell at position tokens - 1
+        head = bytes(data[:20])
+        if len(head) < 20 or head[:4] != bytes(self.empty[:4]):
+            raise ValueError(f"a state of {len(data)} bytes is not llama.cpp's for this model")
+        cells, pos = struct.unpack_from("<Ii", head, 8)
+        if (cells, pos) != (1, tokens - 1):
+            raise ValueError(f"a state at position {pos} ({cells} cells) named as after {tokens}")
+        blob = self._buffer(len(data))
+        ctypes.memmove(blob, np.ascontiguousarray(data, dtype=np.uint8).ctypes.data, len(data))
+        handle = next(self._ids)
+        self._blobs[handle] = blob
+        return handle, len(blob)
+
     # ---- what the runner calls --------------------------------------------------------------
 
     def apply_pending(self, row: int, seq: int, prefix_len: int) -> None:
@@ -86,7 +112,8 @@ class LlamaStates:
     @contextmanager
     def kept(self, seq: int) -> Iterator[None]:
         """Edit `seq`'s attention cells without changing its recurrent state (see above)."""
-        row = int(self.seqs.row_of[seq])  # -1: no request row holds it
+        # -1: no request row holds it (or the tiers' spare sequence, outside the map)
+        row = int(self.seqs.row_of[seq]) if seq < self.seqs.n_seq else -1
         live = row >= 0 and row not in self._pending  # a ghost's or a to-be-restored state: moot
         saved = self._read(seq) if live else None
         self._write(seq, self.empty)
@@ -96,6 +123,10 @@ class LlamaStates:
             self._write(seq, self.empty if saved is None else saved)
             if saved is not None and len(self._spare) < SPARE_BLOBS:
                 self._spare.append(saved)
+
+    def clear(self, seq: int) -> None:
+        """Detach `seq`'s recurrent state (its attention cells stay)."""
+        self._write(seq, self.empty)
 
     # ---- llama.cpp ---------------------------------------------------------------------------
 
