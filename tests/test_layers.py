@@ -6,9 +6,10 @@ Layers, bottom to top (a module may import its own layer and the ones below):
      GGUF reader: numpy only)
   1  mem (the radix cache and the KV pool: numpy only), spec (speculative drafts and their
      verification: numpy only, reads the radix cache)
-  2  the hardware side and its helpers: runner, backends, models, loader, constrained, parsers,
-     platform (the backend registry: backends import its BackendSpec), resolve (every "auto"),
-     store (the model store: the loader resolves store names)
+  2  the hardware side and its helpers: store (the model store: the loader resolves store
+     names), parsers, constrained, model_api (what model code is written against: attention
+     backends, KV layout, TP comm and shards, recurrent state), models, loader, runner, resolve
+     (every "auto"), platform (the backend registry: backends import its BackendSpec), backends
   3  sched
   4  engine
   5  the front ends: server, tui, bench, cli, doctor, ps, chat_repl, __main__, and the
@@ -16,9 +17,8 @@ Layers, bottom to top (a module may import its own layer and the ones below):
 Every import statement counts, including lazy ones inside functions (they run, so they are
 dependencies); only `if TYPE_CHECKING:` blocks are skipped (annotations, never executed).
 
-Inside a layer the arrows may point either way, but never round: no module imports itself back
-through others, and no package (room) imports one that imports it (a cycle known and being
-undone is listed in KNOWN_ROOM_CYCLES, with why).
+Inside a layer the rooms are ordered too (ORDER): a room imports only those listed before it, so
+no package imports one that imports it; and no module imports itself back through others.
 """
 
 from __future__ import annotations
@@ -29,67 +29,55 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localradix"
 
-LAYERS: dict[str, int] = {
-    **dict.fromkeys(
-        (
-            "sampling_params",
-            "messages",
-            "step",
-            "held_text",
-            "registry",
-            "config",
-            "limits",
-            "paths",
-            "gguf_file",
-        ),
-        0,
+# Bottom to top; inside a layer, a room may import only the rooms listed before it.
+ORDER: tuple[tuple[str, ...], ...] = (
+    (
+        "sampling_params",
+        "messages",
+        "step",
+        "held_text",
+        "registry",
+        "config",
+        "limits",
+        "paths",
+        "gguf_file",
     ),
-    **dict.fromkeys(("mem", "spec"), 1),
-    **dict.fromkeys(
-        (
-            "model_api",
-            "runner",
-            "backends",
-            "models",
-            "loader",
-            "constrained",
-            "parsers",
-            "platform",
-            "resolve",
-            "store",
-        ),
-        2,
+    ("mem", "spec"),
+    (
+        "store",
+        "parsers",
+        "constrained",
+        "model_api",
+        "models",
+        "loader",
+        "runner",
+        "resolve",
+        "platform",
+        "backends",
     ),
-    "sched": 3,
-    "engine": 4,
-    **dict.fromkeys(
-        (
-            "server",
-            "fleet",
-            "tui",
-            "bench",
-            "cli",
-            "serve_command",
-            "cache_command",
-            "child_server",
-            "doctor",
-            "ps",
-            "chat_repl",
-            "__main__",
-            "__init__",
-        ),
-        5,
+    ("sched",),
+    ("engine",),
+    (
+        "__init__",
+        "child_server",
+        "cache_command",
+        "server",
+        "fleet",
+        "tui",
+        "bench",
+        "cli",
+        "serve_command",
+        "doctor",
+        "ps",
+        "chat_repl",
+        "__main__",
     ),
-}
+)
+LAYERS: dict[str, int] = {room: layer for layer, rooms in enumerate(ORDER) for room in rooms}
 
 # Upward imports known while other branches fix them: (importing room, imported room) -> why.
 # The lead empties this after merging; an entry that no longer occurs fails the test too.
 ALLOWED: dict[tuple[str, str], str] = {}
-
-
-# Package cycles still being undone: (room, room) sorted -> why. A pair that no longer forms a
-# cycle fails the test too, so the list only shrinks.
-KNOWN_ROOM_CYCLES: dict[tuple[str, str], str] = {}
 
 
 def room_of(module: str) -> str:
@@ -266,17 +254,33 @@ def test_no_module_imports_itself_back() -> None:
     )
 
 
-def test_no_package_imports_one_that_imports_it() -> None:
+def room_graph() -> dict[str, set[str]]:
     rooms: dict[str, set[str]] = {}
     for module, targets in module_graph().items():
         rooms.setdefault(room_of(module), set()).update(room_of(t) for t in targets)
+    return rooms
+
+
+def test_no_package_imports_one_that_imports_it() -> None:
+    rooms = room_graph()
     pairs = {
         tuple(sorted((a, b))) for a, ts in rooms.items() for b in ts if a != b and a in rooms[b]
     }
-    unexpected = sorted(pairs - set(KNOWN_ROOM_CYCLES))
-    assert not unexpected, f"packages importing each other: {unexpected}"
-    stale = sorted(set(KNOWN_ROOM_CYCLES) - pairs)
-    assert not stale, f"no longer cycles, remove from KNOWN_ROOM_CYCLES: {stale}"
+    assert not pairs, f"packages importing each other: {sorted(pairs)}"
+
+
+def test_rooms_in_a_layer_import_only_those_listed_before_them() -> None:
+    """The order inside each layer is the build order: a room stands on the ones before it."""
+    position = {room: i for rooms in ORDER for i, room in enumerate(rooms)}
+    late = sorted(
+        f"{room} imports {other} (listed after it in layer {LAYERS[room]})"
+        for room, targets in room_graph().items()
+        for other in targets
+        if other != room
+        and LAYERS.get(other) == LAYERS.get(room)
+        and position[other] > position[room]
+    )
+    assert not late, "\n".join(late)
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -1,7 +1,7 @@
 """A tensor-parallel rank's slice of a safetensors checkpoint, read slice by slice.
 
 Each tensor is read through safetensors' lazy slices, so a rank reads (and holds) only its
-rows or columns (`runner/tp/shard.py` says which), never the full model.
+rows or columns (`model_api/shard.py` says which), never the full model.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class DecoderLayer(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits -> fp32.
 
-    With `tp` of several ranks, this is one rank's slice (`runner/tp/shard.py`): `config` is
+    With `tp` of several ranks, this is one rank's slice (`model_api/shard.py`): `config` is
     the slice's, and each block half ends with an all-reduce.
     """
 

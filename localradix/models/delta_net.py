@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localradix.model_api.recurrent_state import RecurrentStates, StepPlan
 from localradix.models.config import ModelConfig
-from localradix.runner.recurrent_state import RecurrentStates, StepPlan
 
 CHUNK = 64  # tokens per chunk of the chunked form
 L2_EPS = 1e-6  # (the FLA library's and transformers')

@@ -12,7 +12,7 @@ differences, each as transformers' `modeling_gemma4.py` computes it:
 - per-layer head sizes: full-attention layers have `global_head_dim` (and, with
   `attention_k_eq_v`, `num_global_key_value_heads` and no v_proj: values are the keys'
   projection before k_norm and RoPE), so the KV cache holds mixed shapes
-  (`runner/kv_layout.py`);
+  (`model_api/kv_layout.py`);
 - RoPE over the whole head for both types; the global one may be "proportional": only the first
   `partial_rotary_factor * head_dim / 2` frequency pairs rotate (the rest have frequency 0);
 - KV-shared layers (the last `num_kv_shared_layers`) have no k/v projections: they attend over

@@ -5,7 +5,7 @@ one `Gemma4Extras`. No torch here (`config.py` imports it).
 
 Per-layer shapes: full-attention layers have `global_head_dim` (and, with `attention_k_eq_v`,
 `num_global_key_value_heads`), so the KV cache is not uniform: `kv_layer_shapes` gives each KV
-layer's (kv_heads, head_dim) (`runner/kv_layout.py`). The last `num_kv_shared_layers` layers
+layer's (kv_heads, head_dim) (`model_api/kv_layout.py`). The last `num_kv_shared_layers` layers
 compute no K/V of their own: each reads the last earlier layer of its attention type's
 (`kv_sources`), so only the first `kv_layers` layers keep KV, and a model layer hands the
 attention backend its KV layer's id.

@@ -24,7 +24,7 @@ A subclass may change the routing (`route`) and the activation (`activate`), and
 router and the experts biases (`biases=True`: `router_bias` [E], `gate_up_bias` [E, 2I],
 `down_bias` [E, H]): gpt-oss's (`models/gpt_oss.py`).
 
-Under tensor parallelism I is this rank's slice of every expert (`runner/tp/shard.py`): the
+Under tensor parallelism I is this rank's slice of every expert (`model_api/shard.py`): the
 routing is the same on every rank and the output a partial sum, which the decoder all-reduces.
 """
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.recurrent_state import RecurrentStates
 from localradix.model_api.tp_comm import SINGLE, TPComm
 from localradix.models.config import ModelConfig
 from localradix.models.decoder import _Factory
@@ -34,7 +35,6 @@ from localradix.models.delta_net import GatedDeltaNet
 from localradix.models.gemma3 import _plus_one, gemma_norm
 from localradix.models.moe import MoEBlock
 from localradix.models.rotary import RotaryTable, apply_partial_rotary, apply_rotary
-from localradix.runner.recurrent_state import RecurrentStates
 
 _IGNORED = re.compile(r"(mtp\.|model\.visual\.).*|.*rotary_emb\.inv_freq")
 

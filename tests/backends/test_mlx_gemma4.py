@@ -182,8 +182,9 @@ def test_multimodal_checkpoint_text_weights_logits(gemma):
 
     from localradix.backends.mlx.attention import MLXPagedAttention
     from localradix.backends.mlx.gemma4 import MLXGemma4ForCausalLM
+    from localradix.model_api.attention_spec import AttentionSpec
+    from localradix.model_api.kv_layout import KVLayout
     from localradix.models import ModelConfig
-    from localradix.runner.kv_layout import KVLayout
     from localradix.step import ForwardBatch
 
     hf = gemma[1]
@@ -196,9 +197,8 @@ def test_multimodal_checkpoint_text_weights_logits(gemma):
     }
     weights["model.vision_tower.encoder.layers.0.mlp.weight"] = mx.zeros(2)
     model = MLXGemma4ForCausalLM(config, weights, mx.float32)
-    attn = MLXPagedAttention(
-        KVLayout.for_model(config, "float32", 64), mx.float32, config.layer_windows()
-    )
+    layout = KVLayout.for_model(config, "float32", 64)
+    attn = MLXPagedAttention(layout, mx.float32, AttentionSpec.for_model(config, layout.layers))
     prompt = random_prompts(5, (11,))[0]
     tokens = [*prompt, *hf_greedy(hf, prompt, 4)]
     with torch.no_grad():
@@ -220,13 +220,14 @@ def test_mixed_kv_layout_transfer_round_trips():
     from localradix.backends.mlx.attention import MLXPagedAttention
     from localradix.backends.mlx.kv_transfer import MLXKVTransfer
     from localradix.backends.mlx.runner import mlx_lacks
+    from localradix.model_api.attention_spec import AttentionSpec
+    from localradix.model_api.kv_layout import KVLayout
     from localradix.models import ModelConfig
-    from localradix.runner.kv_layout import KVLayout
 
     config = ModelConfig.from_hf_dict(_hf_config().to_dict())
     assert mlx_lacks(config) == []
     layout = KVLayout.for_model(config, "float32", 16)
-    attn = MLXPagedAttention(layout, mx.float32, config.layer_windows())
+    attn = MLXPagedAttention(layout, mx.float32, AttentionSpec.for_model(config, layout.layers))
     for caches in (attn.k_cache, attn.v_cache):
         for i, cache in enumerate(caches):
             caches[i] = mx.random.normal(cache.shape)

@@ -74,7 +74,7 @@ class _Stepper:
         from localradix.backends.mlx.runner import mlx_lacks, mlx_model_class
         from localradix.backends.mlx.weights import load_weights
         from localradix.loader import resolve_model
-        from localradix.runner.kv_layout import KVLayout
+        from localradix.model_api.kv_layout import KVLayout
 
         config, weights = load_weights(resolve_model(str(folder)))
         assert mlx_lacks(config) == []

@@ -30,10 +30,10 @@ from localradix.backends.llamacpp.kv_transfer import LlamaKVTransfer, save_state
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.backends.llamacpp.states import LlamaStates
 from localradix.loader.llama_openmp import settle_openmp
+from localradix.model_api.kv_layout import KVLayout
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import KVBudget, plan_kv_budget
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ as one batched SDPA over K/V gathered into a padded [B, L] slot table; each exte
 its own SDPA with a causal mask shifted by its cached prefix (plain "causal" without a prefix).
 Decode requests on a shared cached prefix attend to it once per group (cascade), as on torch.
 
-Layers with a sliding window (`windows`, per layer; 0 = none: a query at position p sees keys
+Layers with a sliding window (`AttentionSpec.windows`, per layer; 0 = none: a query at position p sees keys
 p - window < j <= p: Gemma 3, gpt-oss) attend by their own plan of the step, whose slot tables
 keep only the keys inside the window (extends: a banded mask). Every slot stays cached, windowed
 layers only read less, so a radix-cache hit of any length is exact. Attention sinks (gpt-oss)
@@ -20,14 +20,14 @@ each layer's arrays have its own [num_slots + 1, Hkv, D]. A layer that reads ano
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from localradix.model_api.attention_spec import AttentionSpec
+from localradix.model_api.kv_layout import KVLayout
 from localradix.runner import attention_plan as plans
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 
@@ -62,18 +62,21 @@ def _ints(array: np.ndarray) -> mx.array:
 
 
 class MLXPagedAttention:
-    """Same protocol as `runner.attention.AttentionBackend`: prepare(batch), then forward per layer."""
+    """Same protocol as `model_api.attention.AttentionBackend`: prepare(batch), then forward per layer."""
 
-    def __init__(self, layout: KVLayout, dtype: mx.Dtype, windows: Sequence[int] = ()) -> None:
+    def __init__(
+        self, layout: KVLayout, dtype: mx.Dtype, spec: AttentionSpec | None = None
+    ) -> None:
         self.layout = layout
         self.num_slots = layout.slots
         shapes = [(layout.slots + 1, heads, dim) for heads, dim in layout.shapes]
         self.k_cache = [mx.zeros(shape, dtype=dtype) for shape in shapes]
         self.v_cache = [mx.zeros(shape, dtype=dtype) for shape in shapes]
         mx.eval(self.k_cache, self.v_cache)
-        self.windows = tuple(int(w) for w in windows) or (0,) * layout.layers
-        if len(self.windows) != layout.layers or min(self.windows) < 0:
-            raise ValueError(f"need one window >= 0 per layer ({layout.layers}): {windows}")
+        spec = spec or AttentionSpec.plain(layout.layers)
+        if len(spec.layers) != layout.layers or spec.needs()["attention logit soft-caps"]:
+            raise ValueError("MLX attention takes one layer spec per KV layer, without soft-caps")
+        self.windows = spec.windows  # (sinks come with each call; soft-caps are not applied)
         self._out_slots = _ints(np.zeros(0))
         self._plans: dict[int, _StepPlan] = {}  # window -> the step's plan for its layers
 

@@ -1,6 +1,6 @@
 """MLXRecurrentStates: a hybrid model's per-request linear-attention state on MLX, and its
 snapshots for the radix cache (the MLX runner's `StateSnapshots`; twin of
-runner/recurrent_state.py, without torch).
+model_api/recurrent_state.py, without torch).
 
 Each gated delta-net layer keeps, per request-table row, the last `kernel - 1` inputs of its
 causal convolution (model dtype) and a [heads, key_dim, value_dim] recurrent state (float32),

@@ -28,11 +28,12 @@ from localradix.backends.mlx.recurrent_state import (
 )
 from localradix.backends.mlx.sampler import sample
 from localradix.backends.mlx.weights import load_weights
+from localradix.model_api.attention_spec import AttentionSpec
+from localradix.model_api.kv_layout import KVLayout
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import plan_kv_budget
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
@@ -133,9 +134,8 @@ class MLXRunner(ModelRunner):
         self.kv_budget = plan_kv_budget(args, shape, context_len, available)
         self.kv_capacity = self.kv_budget.tokens
         with mx.stream(device):
-            self.attn = MLXPagedAttention(
-                shape.with_slots(self.kv_capacity), self.dtype, config.layer_windows()
-            )
+            spec = AttentionSpec.for_model(config, shape.layers)
+            self.attn = MLXPagedAttention(shape.with_slots(self.kv_capacity), self.dtype, spec)
         self.kv_transfer = MLXKVTransfer(self.attn, device)
         logger.info("%s; MLX arrays on %s", self.kv_budget.describe(), device)
 
