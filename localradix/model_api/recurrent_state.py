@@ -22,22 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 from localradix.step import ForwardBatch
-
-SNAPSHOT_MEMORY_SHARE = 0.25  # default budget: this share of the free host memory ...
-MAX_DEFAULT_SNAPSHOT_BYTES = 8 * 2**30  # ... at most this ...
-MIN_SNAPSHOT_BYTES = 64 * 2**20  # ... and at least this (the llama.cpp runner's defaults)
-
-
-def snapshot_budget(mib: float | None) -> int:
-    """Bytes of state snapshots to keep: `--snapshot-mib`, else a share of the free memory."""
-    if mib is not None:
-        return round(mib * 2**20)
-    free = int(psutil.virtual_memory().available * SNAPSHOT_MEMORY_SHARE)
-    return max(MIN_SNAPSHOT_BYTES, min(free, MAX_DEFAULT_SNAPSHOT_BYTES))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,20 @@ CONTEXTS_IN_POOL = 4
 MIN_DEFAULT_TOKENS = 16_384
 # ... and never fewer than this, whatever the memory says.
 MIN_KV_TOKENS = 1024
+# Hybrid models' state snapshots (every backend): this share of the free memory by default ...
+SNAPSHOT_MEMORY_SHARE = 0.25
+MAX_DEFAULT_SNAPSHOT_BYTES = 8 * 2**30  # ... at most this ...
+MIN_SNAPSHOT_BYTES = 64 * 2**20  # ... and at least this
+
+
+def snapshot_budget(mib: float | None) -> int:
+    """Bytes of state snapshots to keep: `--snapshot-mib`, else a share of the free memory."""
+    if mib is not None:
+        return round(mib * 2**20)
+    import psutil
+
+    free = int(psutil.virtual_memory().available * SNAPSHOT_MEMORY_SHARE)
+    return max(MIN_SNAPSHOT_BYTES, min(free, MAX_DEFAULT_SNAPSHOT_BYTES))
 
 
 def default_kv_dtype(requested: str, model_dtype: str) -> str:

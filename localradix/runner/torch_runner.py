@@ -13,10 +13,10 @@ import torch
 from localradix.config import ServerArgs
 from localradix.model_api.attention import AttentionBackend, get_attention_backend
 from localradix.model_api.kv_layout import KVLayout
-from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates, snapshot_budget
+from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
-from localradix.runner.kv_budget import plan_kv_budget
+from localradix.runner.kv_budget import plan_kv_budget, snapshot_budget
 from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.pooling import pool_hidden
 from localradix.runner.sampler import sample

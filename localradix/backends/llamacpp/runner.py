@@ -33,7 +33,7 @@ from localradix.loader.llama_openmp import settle_openmp
 from localradix.model_api.kv_layout import KVLayout
 from localradix.models.config import ModelConfig
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import KVBudget, plan_kv_budget
+from localradix.runner.kv_budget import KVBudget, plan_kv_budget, snapshot_budget
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
@@ -63,9 +63,6 @@ IDLE_CELLS_PER_WORK = 1 / 244
 # by default they may take a quarter of the free memory, up to llama-server's --cache-ram
 # default. A real hybrid's state is large (Qwen3.5-0.8B's shape: 18 MiB), and a budget sized
 # from the KV pool (~5 of them) left 4 concurrent chats re-prefilling (2.7% cached, vs 84%).
-SNAPSHOT_MEMORY_SHARE = 0.25
-MAX_DEFAULT_SNAPSHOT_BYTES = 8 * 2**30
-MIN_SNAPSHOT_BYTES = 64 * 2**20
 
 
 def create_llamacpp_runner(
@@ -139,7 +136,7 @@ class LlamaCppRunner(ModelRunner):
         self.seqs = SeqMap(self, self.kv_capacity + 1, mapped, max_len + 2)
         self.states: LlamaStates | None = None
         if self.recurrent:
-            budget = _snapshot_budget(args.snapshot_mib)
+            budget = snapshot_budget(args.snapshot_mib)
             self.states = LlamaStates(llama, self.ctx, self.seqs, budget)
             self.snapshots = self.states
         self.kv_transfer = self._kv_transfer() if self.tiers_kv else None
@@ -307,14 +304,6 @@ class LlamaCppRunner(ModelRunner):
         params.swa_full = True  # sliding-window models keep old prefixes reusable
         params.no_perf = True
         return params
-
-
-def _snapshot_budget(mib: float | None) -> int:
-    """Bytes of state snapshots to keep: `--snapshot-mib`, else a share of the free memory."""
-    if mib is not None:
-        return round(mib * 2**20)
-    free = int(psutil.virtual_memory().available * SNAPSHOT_MEMORY_SHARE)
-    return max(MIN_SNAPSHOT_BYTES, min(free, MAX_DEFAULT_SNAPSHOT_BYTES))
 
 
 def _load_model(llama: Any, path: Path, gpu: bool) -> Any:

@@ -24,7 +24,6 @@ from localradix.backends.mlx.model import MLXDecoderForCausalLM
 from localradix.backends.mlx.recurrent_state import (
     MLXRecurrentLayout,
     MLXRecurrentStates,
-    snapshot_budget,
 )
 from localradix.backends.mlx.sampler import sample
 from localradix.backends.mlx.weights import load_weights
@@ -33,7 +32,7 @@ from localradix.model_api.kv_layout import KVLayout
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
 from localradix.runner.base import ModelRunner
-from localradix.runner.kv_budget import plan_kv_budget
+from localradix.runner.kv_budget import plan_kv_budget, snapshot_budget
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
