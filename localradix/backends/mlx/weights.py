@@ -3,16 +3,19 @@
 Safetensors are read with `mx.load` (which handles bfloat16, unlike numpy). A folder written by
 mlx-lm carries its quantization in config.json ("quantization": group_size, bits, mode, and
 per-layer overrides keyed by module path); a layer is quantized when `<path>.scales` exists,
-and its weight/scales/biases are kept as they are. A GGUF is read directly, keeping the block
-types MLX can hold quantized (gguf_weights.py); only its config and tokenizer go through the
-loader's cache. `--quantize N` quantizes the remaining float matrices at load, as mlx-lm's
-convert does. No torch on this path.
+and its weight/scales/biases are kept as they are. mlx-lm's MoE folders stack each layer's
+experts (`switch_mlp`, float or quantized); they are read as per-expert slices, which the MoE
+block stacks again. A GGUF is read directly, keeping the block types MLX can hold quantized
+(gguf_weights.py); only its config and tokenizer go through the loader's cache. `--quantize N`
+quantizes the remaining float matrices at load, as mlx-lm's convert does. No torch on this
+path.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from localradix.store.source import ModelSource
 logger = logging.getLogger("localradix.runner")
 
 Weight = mx.array | Quantized
+_SWITCH_MLP = re.compile(r"(.+)\.switch_mlp\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 def load_weights(
@@ -51,6 +55,7 @@ def load_weights(
             assert isinstance(loaded, dict)
             raw.update(loaded)
         weights = group_quantized(_with_model_prefix(raw), hf.get("quantization"))
+        weights = unstack_switch_mlp(weights)
         if is_bare_model(folder):  # an embedding model: no head; logits use the embeddings
             hf = {**hf, "tie_word_embeddings": True}
     if quantize_to not in ("auto", "off"):
@@ -89,6 +94,33 @@ def group_quantized(
         assert isinstance(scales, mx.array) and not isinstance(biases, Quantized)
         out[path + ".weight"] = Quantized(weight, scales, biases, spec, mx.float32)
     return out
+
+
+def unstack_switch_mlp(weights: dict[str, Weight]) -> dict[str, Weight]:
+    """mlx-lm's stacked experts (`<moe>.switch_mlp.<proj>.weight` [E, out, in], float or
+    quantized along `in`) as one `<moe>.experts.<e>.<proj>.weight` per expert: slices of the
+    stacked arrays, which the MoE block stacks again (fusing gate and up) as it loads them."""
+    out: dict[str, Weight] = {}
+    for name, w in weights.items():
+        found = _SWITCH_MLP.fullmatch(name)
+        if found is None:
+            out[name] = w
+            continue
+        moe, proj = found[1], found[2]
+        stacked = w.weight if isinstance(w, Quantized) else w
+        if stacked.ndim != 3:
+            raise ValueError(f"{name}: stacked experts are [experts, out, in], not {stacked.shape}")
+        for e in range(stacked.shape[0]):
+            out[f"{moe}.experts.{e}.{proj}.weight"] = _expert(w, e)
+    return out
+
+
+def _expert(w: Weight, e: int) -> Weight:
+    """Expert `e` of a stacked weight (for quantized ones: of each of its arrays)."""
+    if not isinstance(w, Quantized):
+        return w[e]
+    biases = None if w.biases is None else w.biases[e]
+    return Quantized(w.weight[e], w.scales[e], biases, w.spec, w.dtype)
 
 
 def quantize_floats(weights: dict[str, Weight], spec: QuantSpec) -> dict[str, Weight]:
