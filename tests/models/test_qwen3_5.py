@@ -127,8 +127,8 @@ class _Stepper:
 
     def __init__(self, folder) -> None:
         from localradix.loader.model_loader import load_model
-        from localradix.runner.attention import get_attention_backend
-        from localradix.runner.recurrent_state import RecurrentLayout, RecurrentStates
+        from localradix.model_api.attention import get_attention_backend
+        from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates
 
         self.model, config = load_model(str(folder), "float32", "cpu")
         backend = get_attention_backend("torch_native")
@@ -516,7 +516,7 @@ def test_config_parses():
     assert (c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel) == (8, 12, 4)
     assert c.rotary_dim == 8 and c.qk_norm and c.offset_norms and c.attn_output_gate
     assert c.layer_windows() == ()
-    assert "gated delta-net linear attention layers" in c.extensions()  # MLX refuses it
+    assert "gated delta-net linear attention layers" in c.extensions()  # (backends name what they lack)
     assert ModelConfig.from_dict(c.to_dict()) == c
     # no layer_types: every full_attention_interval-th layer is full attention
     d = _hf_config().to_dict()
@@ -536,7 +536,7 @@ def test_config_parses():
 
 
 def test_tensor_parallel_refuses_qwen3_5():
-    from localradix.runner.tp.shard import Shard
+    from localradix.model_api.shard import Shard
 
     with pytest.raises(ValueError, match="--tp 2 does not split Qwen3_5ForCausalLM's gated"):
         Shard(0, 2).check(_config())
