@@ -133,6 +133,7 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
     from localradix.loader import load_model_config, resolve_model
     from localradix.model_api.kv_layout import KVLayout
     from localradix.runner.kv_budget import plan_kv_budget
+    from localradix.runner.runner_config import RunnerConfig
 
     try:
         source = resolve_model(args.model)
@@ -149,7 +150,7 @@ def kv_pool(args: ServerArgs) -> dict[str, Any]:
     dtype = target.cache_dtype
     shape = KVLayout.for_model(config, dtype)
     context = args.context_length or config.max_position_embeddings
-    budget = plan_kv_budget(args, shape, context, free)
+    budget = plan_kv_budget(RunnerConfig.from_args(args), shape, context, free)
     return {
         **head,
         "tokens": budget.tokens,

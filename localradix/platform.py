@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from localradix.config import ServerArgs
     from localradix.models.config import ModelConfig
     from localradix.runner.base import ModelRunner
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.platform")
@@ -65,7 +66,7 @@ class BackendSpec:
 
     probe(explicit: bool) -> Availability. `explicit` is True when the user asked for this
     backend by name (some backends only run on request, e.g. MLX off Apple silicon).
-    create_runner(args: ServerArgs, source: ModelSource, target: Target)
+    create_runner(args: RunnerConfig, source: ModelSource, target: Target)
         -> tuple[ModelRunner, ModelConfig]
     """
 
@@ -103,7 +104,7 @@ class BackendSpec:
             return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
 
     def create_runner(
-        self, args: ServerArgs, source: ModelSource, target: Target
+        self, args: RunnerConfig, source: ModelSource, target: Target
     ) -> tuple[ModelRunner, ModelConfig]:
         return load_object(self.create_runner_fn)(args, source, target)
 
@@ -334,7 +335,10 @@ def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:
         target.device,
         target.dtype,
     )
-    runner, config = choice.spec.create_runner(resolved.args, source, target)
+    from localradix.runner.runner_config import RunnerConfig  # (no torch: a dataclass)
+
+    settings = RunnerConfig.from_args(resolved.args)  # what the runner reads, taken once
+    runner, config = choice.spec.create_runner(settings, source, target)
     return BuiltRunner(runner, config, target, choice.spec, resolved)
 
 

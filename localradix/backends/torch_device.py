@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 
-def load_torch_model(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, ...]:
+def load_torch_model(args: RunnerConfig, source: ModelSource, target: Target) -> tuple[Any, ...]:
     """(model, config, torch dtype): the model loaded on `target.device` in its dtype."""
     from localradix.loader import load_model, resolve_dtype
 
@@ -29,7 +29,7 @@ def load_torch_model(args: ServerArgs, source: ModelSource, target: Target) -> t
     return model, config, dtype
 
 
-def create_torch_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+def create_torch_runner(args: RunnerConfig, source: ModelSource, target: Target) -> tuple[Any, Any]:
     """Load the torch model on `target.device` and wrap it in the reference `TorchRunner`."""
     from localradix.loader import resolve_dtype
     from localradix.runner.torch_runner import TorchRunner

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from localradix.model_api.kv_layout import DTYPE_BYTES, KVLayout
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
+    from localradix.runner.runner_config import RunnerConfig
 
 # Full contexts the default pool holds: room for a few concurrent long chats, or many short ones.
 CONTEXTS_IN_POOL = 4
@@ -76,7 +76,7 @@ class KVBudget:
 
 
 def plan_kv_budget(
-    args: ServerArgs, shape: KVLayout, context_len: int, free_bytes: int
+    args: RunnerConfig, shape: KVLayout, context_len: int, free_bytes: int
 ) -> KVBudget:
     """`--max-total-tokens` when given; else a few contexts within `--mem-fraction` of free."""
     if args.max_total_tokens:

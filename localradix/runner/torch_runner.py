@@ -10,7 +10,6 @@ import numpy as np
 import psutil
 import torch
 
-from localradix.config import ServerArgs
 from localradix.model_api.attention import AttentionBackend, get_attention_backend
 from localradix.model_api.kv_layout import KVLayout
 from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates
@@ -19,6 +18,7 @@ from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_
 from localradix.runner.kv_budget import plan_kv_budget, snapshot_budget
 from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.pooling import pool_hidden
+from localradix.runner.runner_config import RunnerConfig
 from localradix.runner.sampler import sample
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
@@ -78,7 +78,7 @@ class TorchRunner(ModelRunner):
         self,
         model: Any,
         config: Any,
-        args: ServerArgs,
+        args: RunnerConfig,
         device: torch.device | str,
         dtype: torch.dtype,
         attention_backend: str = "torch_native",
@@ -141,7 +141,7 @@ class TorchRunner(ModelRunner):
 
     @staticmethod
     def _recurrent_states(
-        config: Any, args: ServerArgs, dtype: torch.dtype, device: torch.device | str
+        config: Any, args: RunnerConfig, dtype: torch.dtype, device: torch.device | str
     ) -> RecurrentStates | None:
         layout = RecurrentLayout.for_model(config)
         if layout is None:

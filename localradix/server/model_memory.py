@@ -72,6 +72,7 @@ def plan_memory(source: ModelSource, args: ServerArgs, like: ModelInfo, room: in
     from localradix.loader.weight_memory import resident_bytes
     from localradix.model_api.kv_layout import KVLayout
     from localradix.runner.kv_budget import default_kv_dtype, plan_kv_budget
+    from localradix.runner.runner_config import RunnerConfig
 
     backend, dtype = _backend_for(source.kind, like)
     try:
@@ -82,7 +83,8 @@ def plan_memory(source: ModelSource, args: ServerArgs, like: ModelInfo, room: in
     shape = KVLayout.for_model(config, default_kv_dtype(args.dtype, dtype))
     context = args.context_length or config.max_position_embeddings
     free = max(room - weights, 0)
-    budget = plan_kv_budget(args.replace(mem_fraction=1.0), shape, context, free)
+    settings = RunnerConfig.from_args(args).replace(mem_fraction=1.0)
+    budget = plan_kv_budget(settings, shape, context, free)
     return MemoryPlan(weights, budget.tokens, budget.bytes)
 
 

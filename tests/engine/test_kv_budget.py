@@ -12,6 +12,7 @@ import pytest
 
 from localradix.config import ServerArgs
 from localradix.runner.kv_budget import KVShape, default_kv_dtype, plan_kv_budget
+from localradix.runner.runner_config import RunnerConfig
 
 from .conftest import bundled_gguf
 
@@ -20,7 +21,7 @@ SMOLLM = KVShape(layers=30, kv_heads=3, head_dim=64, dtype="bfloat16")  # SmolLM
 
 
 def test_the_default_pool_holds_four_contexts_and_says_so():
-    budget = plan_kv_budget(ServerArgs(), SMOLLM, context_len=8192, free_bytes=20 * GIB)
+    budget = plan_kv_budget(RunnerConfig.of(), SMOLLM, context_len=8192, free_bytes=20 * GIB)
     assert budget.tokens == 4 * 8192 and budget.bytes == 720 * 2**20
     assert budget.describe() == (
         "KV pool: 32,768 tokens x 30 layers x 3 KV heads x 64 dims x 2 (K, V) x 2 bytes "
@@ -29,17 +30,17 @@ def test_the_default_pool_holds_four_contexts_and_says_so():
 
 
 def test_memory_caps_the_pool_and_flags_override():
-    capped = plan_kv_budget(ServerArgs(), SMOLLM, context_len=8192, free_bytes=1 * GIB)
+    capped = plan_kv_budget(RunnerConfig.of(), SMOLLM, context_len=8192, free_bytes=1 * GIB)
     assert capped.tokens == GIB // 4 // SMOLLM.bytes_per_token
     assert "--mem-fraction 0.25 of 1.0 GiB free" in capped.reason
     assert "would need 720 MiB" in capped.reason
-    half = plan_kv_budget(ServerArgs(mem_fraction=0.5), SMOLLM, 8192, 1 * GIB)
+    half = plan_kv_budget(RunnerConfig.of(mem_fraction=0.5), SMOLLM, 8192, 1 * GIB)
     assert half.tokens == GIB // 2 // SMOLLM.bytes_per_token
-    tiny = plan_kv_budget(ServerArgs(), SMOLLM, 8192, free_bytes=1000)
+    tiny = plan_kv_budget(RunnerConfig.of(), SMOLLM, 8192, free_bytes=1000)
     assert tiny.tokens == 1024 and "1,024 tokens at least" in tiny.reason
-    explicit = plan_kv_budget(ServerArgs(max_total_tokens=1000), SMOLLM, 8192, 1000)
+    explicit = plan_kv_budget(RunnerConfig.of(max_total_tokens=1000), SMOLLM, 8192, 1000)
     assert (explicit.tokens, explicit.reason) == (1000, "--max-total-tokens")
-    short = plan_kv_budget(ServerArgs(), SMOLLM, context_len=512, free_bytes=20 * GIB)
+    short = plan_kv_budget(RunnerConfig.of(), SMOLLM, context_len=512, free_bytes=20 * GIB)
     assert short.tokens == 16_384 and short.reason.startswith("at least 16,384 tokens")
 
 
@@ -83,17 +84,18 @@ def test_cpu_runner_reserves_four_contexts_in_bf16_and_logs_it(smollm, caplog):
     model, config, _ = smollm
     with caplog.at_level(logging.INFO, logger="localradix.runner"):
         runner = TorchRunner(
-            model, config, ServerArgs(), "cpu", torch.float32, kv_dtype=torch.bfloat16
+            model, config, RunnerConfig.of(), "cpu", torch.float32, kv_dtype=torch.bfloat16
         )
     assert runner.kv_capacity == 4 * 8192
     assert runner.attn.k_cache.dtype == torch.bfloat16 and model.dtype == torch.float32
     assert "KV pool: 32,768 tokens x 30 layers" in caplog.text
     assert "= 720 MiB (4 x 8,192-token context)" in caplog.text
-    exact = TorchRunner(model, config, ServerArgs(max_total_tokens=64), "cpu", torch.float32)
+    exact = TorchRunner(model, config, RunnerConfig.of(max_total_tokens=64), "cpu", torch.float32)
     assert exact.kv_capacity == 64 and exact.attn.k_cache.dtype == torch.float32
 
 
 @bundled
+@pytest.mark.slow
 def test_bf16_kv_decodes_like_fp32_kv(smollm):
     """Greedy decoding through the cache (prefill, then one token a step) is unchanged."""
     import torch
@@ -110,7 +112,7 @@ def test_bf16_kv_decodes_like_fp32_kv(smollm):
     )
     runs = {}
     for name, kv_dtype in (("auto", torch.bfloat16), ("float32", torch.float32)):
-        args = ServerArgs(max_total_tokens=256)
+        args = RunnerConfig.of(max_total_tokens=256)
         runner = TorchRunner(model, config, args, "cpu", torch.float32, kv_dtype=kv_dtype)
         ids, new, prefix, steps = list(prompt), list(prompt), 0, []
         for _ in range(12):
@@ -127,6 +129,7 @@ def test_bf16_kv_decodes_like_fp32_kv(smollm):
 
 
 @bundled
+@pytest.mark.slow
 @pytest.mark.skipif(not ROOMY, reason="too little free memory for the uncapped default")
 def test_doctor_prints_the_pool_serve_would_reserve():
     out = subprocess.run(
@@ -153,7 +156,7 @@ def test_llamacpp_sizes_its_cells_the_same_way():
     from localradix.platform import Target
 
     target = Target("llamacpp", "cpu", "float16", "llama.cpp")
-    runner = LlamaCppRunner(GGUF, ServerArgs(max_running_requests=4), target)
+    runner = LlamaCppRunner(GGUF, RunnerConfig.of(max_running_requests=4), target)
     try:
         assert runner.kv_capacity == 4 * 8192
         assert runner.kv_budget.shape == KVShape(30, 3, 64, "float16")

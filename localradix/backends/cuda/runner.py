@@ -20,8 +20,8 @@ from localradix.runner.torch_runner import TorchRunner
 from localradix.step import ForwardBatch
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -54,7 +54,7 @@ def triton_unless_flashinfer(choice: tuple[str, str], triton_ok: bool) -> tuple[
     return choice
 
 
-def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+def create_cuda_runner(args: RunnerConfig, source: ModelSource, target: Target) -> tuple[Any, Any]:
     has_flashinfer = importlib.util.find_spec("flashinfer") is not None
     has_triton = importlib.util.find_spec("triton") is not None
     attention, why = choose_attention(
@@ -71,7 +71,7 @@ def create_cuda_runner(args: ServerArgs, source: ModelSource, target: Target) ->
 
 
 def create_device_runner(
-    args: ServerArgs, source: ModelSource, target: Target, attention: str
+    args: RunnerConfig, source: ModelSource, target: Target, attention: str
 ) -> tuple[DeviceRunner, Any]:
     from localradix.backends.torch_device import load_torch_model
 
@@ -99,7 +99,7 @@ class DeviceRunner(TorchRunner):
         self,
         model: Any,
         config: Any,
-        args: ServerArgs,
+        args: RunnerConfig,
         device: torch.device | str,
         dtype: torch.dtype,
         attention: str = "flashinfer",
@@ -114,7 +114,7 @@ class DeviceRunner(TorchRunner):
         elif graphs and hasattr(self.attn, "graph_state"):
             self.graphs = self._capture_graphs(args, graph_api)
 
-    def _capture_graphs(self, args: ServerArgs, api: GraphApi | None) -> DecodeGraphs | None:
+    def _capture_graphs(self, args: RunnerConfig, api: GraphApi | None) -> DecodeGraphs | None:
         sizes = graph_batch_sizes(args.max_running_requests)
         if not sizes:
             return None

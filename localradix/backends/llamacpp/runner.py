@@ -39,9 +39,9 @@ from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from localradix.config import ServerArgs
     from localradix.mem.kv_pool import KVPool
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -66,7 +66,7 @@ IDLE_CELLS_PER_WORK = 1 / 244
 
 
 def create_llamacpp_runner(
-    args: ServerArgs, source: ModelSource, target: Target
+    args: RunnerConfig, source: ModelSource, target: Target
 ) -> tuple[LlamaCppRunner, ModelConfig]:
     if source.kind != "gguf":
         raise ValueError(
@@ -87,7 +87,7 @@ class LlamaCppRunner(ModelRunner):
     mixes_decode_into_prefill = SPEC.mixes_decode_into_prefill
     verifies = True  # output flags on every row of `logit_index`
 
-    def __init__(self, path: Path, args: ServerArgs, target: Target) -> None:
+    def __init__(self, path: Path, args: RunnerConfig, target: Target) -> None:
         settle_openmp()
         import llama_cpp.llama_cpp as llama
 
@@ -276,7 +276,7 @@ class LlamaCppRunner(ModelRunner):
     def _pos_max(self, seq: int) -> int:
         return int(self.llama.llama_memory_seq_pos_max(self.memory, seq))
 
-    def _kv_budget(self, args: ServerArgs, dtype: str) -> KVBudget:
+    def _kv_budget(self, args: RunnerConfig, dtype: str) -> KVBudget:
         """llama.cpp's cells, sized as every backend sizes its pool (see `kv_budget`)."""
         context_len = args.context_length or self.config.max_position_embeddings
         available = int(psutil.virtual_memory().available)
@@ -290,7 +290,7 @@ class LlamaCppRunner(ModelRunner):
         cells = work / max(c.num_attention_heads * c.num_hidden_layers, 1) * IDLE_CELLS_PER_WORK
         return min(self.kv_capacity, max(1024, round(cells)))
 
-    def _context_params(self, args: ServerArgs, target: Target, max_batch: int) -> Any:
+    def _context_params(self, args: RunnerConfig, target: Target, max_batch: int) -> Any:
         params = self.llama.llama_context_default_params()
         params.n_ctx = self.kv_capacity
         params.n_batch = max_batch

@@ -37,8 +37,8 @@ from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 if TYPE_CHECKING:
     from localradix.backends.mlx.qwen3_5 import MLXQwen3_5ForCausalLM
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -90,7 +90,7 @@ def mlx_model_class(c: ModelConfig) -> type[MLXDecoderForCausalLM]:
 
 
 def create_mlx_runner(
-    args: ServerArgs, source: ModelSource, target: Target
+    args: RunnerConfig, source: ModelSource, target: Target
 ) -> tuple[MLXRunner, ModelConfig]:
     device = mx.Device(mx.gpu if target.device in ("gpu", "mps", "metal") else mx.cpu)
     with mx.stream(device):
@@ -115,7 +115,11 @@ class MLXRunner(ModelRunner):
     embeds = True  # `forward` pools the hidden states of `ForwardBatch.pooling`
 
     def __init__(
-        self, model: MLXDecoderForCausalLM, config: ModelConfig, args: ServerArgs, device: mx.Device
+        self,
+        model: MLXDecoderForCausalLM,
+        config: ModelConfig,
+        args: RunnerConfig,
+        device: mx.Device,
     ) -> None:
         self.model, self.config, self.device = model, config, device
         self.dtype = model.dtype
@@ -160,7 +164,7 @@ class MLXRunner(ModelRunner):
 
 
 def _recurrent_states(
-    config: ModelConfig, args: ServerArgs, dtype: mx.Dtype
+    config: ModelConfig, args: RunnerConfig, dtype: mx.Dtype
 ) -> MLXRecurrentStates | None:
     layout = MLXRecurrentLayout.for_model(config)
     if layout is None:

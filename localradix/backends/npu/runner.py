@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from localradix.backends.cuda.runner import HALF_DTYPES, create_device_runner
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -21,7 +21,7 @@ def npu_attention(dtype: str) -> tuple[str, str]:
     return "torch_native", f"the fused NPU attention has no {dtype} kernels"
 
 
-def create_npu_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+def create_npu_runner(args: RunnerConfig, source: ModelSource, target: Target) -> tuple[Any, Any]:
     import torch_npu  # noqa: F401  (registers the "npu" device before the model is built)
 
     attention, why = npu_attention(target.dtype)

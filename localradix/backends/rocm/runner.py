@@ -21,8 +21,8 @@ from localradix.backends.cuda.runner import (
 )
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -42,7 +42,7 @@ def rocm_attention(arch: str, dtype: str, flashinfer_ok: bool) -> tuple[str, str
     return "flashinfer", f"FlashInfer+ROCm on {base}"
 
 
-def create_rocm_runner(args: ServerArgs, source: ModelSource, target: Target) -> tuple[Any, Any]:
+def create_rocm_runner(args: RunnerConfig, source: ModelSource, target: Target) -> tuple[Any, Any]:
     import torch
 
     arch = getattr(torch.cuda.get_device_properties(target.device), "gcnArchName", "")

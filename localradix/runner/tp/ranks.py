@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.step import ForwardBatch
     from localradix.store.source import ModelSource
 
@@ -39,7 +39,7 @@ class WorkerSpec:
     size: int
     port: int  # rank 0's TCP store on the loopback interface
     device: str  # this rank's device, e.g. "cpu" or "cuda:1"
-    args: ServerArgs
+    args: RunnerConfig
     source: ModelSource
     dtype: str  # the model's, resolved
     kv_dtype: str  # the KV cache's, resolved

@@ -22,8 +22,8 @@ from localradix.runner.tp.ranks import RankDied, Step, WorkerRanks, WorkerSpec
 from localradix.step import ForwardBatch
 
 if TYPE_CHECKING:
-    from localradix.config import ServerArgs
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
     from localradix.store.source import ModelSource
 
 logger = logging.getLogger("localradix.runner")
@@ -82,7 +82,7 @@ class TensorParallelRunner(TorchRunner):
 
 
 def create_tp_runner(
-    args: ServerArgs,
+    args: RunnerConfig,
     source: ModelSource,
     target: Target,
     attention: str,
@@ -125,7 +125,7 @@ def create_tp_runner(
 
 
 def _load_rank0(
-    args: ServerArgs,
+    args: RunnerConfig,
     source: ModelSource,
     target: Target,
     attention: str,
@@ -164,7 +164,7 @@ def _refuse_unsupported(size: int, source: ModelSource, device: str) -> None:
         raise ValueError(f"--tp {size} needs {size} {kind} devices from {device}; {count} seen")
 
 
-def _per_rank(args: ServerArgs, device: str, size: int) -> ServerArgs:
+def _per_rank(args: RunnerConfig, device: str, size: int) -> RunnerConfig:
     """On a CPU the ranks share one memory: each sizes its KV pool from its share of it."""
     if torch.device(device).type != "cpu" or args.max_total_tokens:
         return args
