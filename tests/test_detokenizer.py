@@ -69,10 +69,25 @@ def tokenizer(request):
     return small_bpe() if request.param == "small_bpe" else bundled()
 
 
-def stream(tok, ids, chunk=1, stop=(), matched_stop=None):
+def engine_stop(tok, ids, stop=()):
+    """What the engine does (sched/stop_check.py): end at the first id whose text completes a
+    stop string, naming it -> (the ids it generated, the matched string or None)."""
+    for n in range(1, len(ids) + 1):
+        text = tok.decode(ids[:n])
+        hit = next((s for s in stop if s and s in text), None)
+        if hit is not None:
+            return ids[:n], hit
+    return ids, None
+
+
+def stream(tok, ids, chunk=1, stop=()):
+    """The deltas a client sees when the engine generates `ids` (stopping as it would)."""
+    ids, matched = engine_stop(tok, ids, stop)
     detok = IncrementalDetokenizer(tok, stop=stop)
-    deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
-    deltas.append(detok.finish(matched_stop))
+    last = ids[-chunk:] if ids else []
+    head = ids[: len(ids) - len(last)]
+    deltas = [detok.add(head[i : i + chunk]) for i in range(0, len(head), chunk)]
+    deltas.append(detok.finish(last, matched))  # the last output comes with the finish
     return deltas
 
 
@@ -95,13 +110,14 @@ def test_emoji_split_across_tokens_is_emitted_whole(tokenizer):
 
 def test_stop_string_split_across_tokens_is_cut_and_never_shown(tokenizer):
     text = "The quick brown fox says STOP and then more text"
-    ids = tokenizer.encode(text)
+    ids, matched = engine_stop(tokenizer, tokenizer.encode(text), ["STOP"])
+    assert matched == "STOP"
     detok = IncrementalDetokenizer(tokenizer, stop=["STOP"])
     shown = ""
-    for i in ids:
+    for i in ids[:-1]:
         shown += detok.add([i])
         assert "S" not in shown.removeprefix("The quick brown fox s"), shown
-    shown += detok.finish("STOP")
+    shown += detok.finish(ids[-1:], "STOP")
     assert shown == "The quick brown fox says "
 
 
@@ -111,7 +127,13 @@ def test_possible_stop_prefix_is_held_then_released(tokenizer):
     assert shown == "a "  # "STO" might start "STOP"
     shown += detok.add(tokenizer.encode("mp"))
     assert shown == "a STOmp"
-    assert detok.finish(None) == ""
+    assert detok.finish() == ""
+
+
+def test_a_prefix_still_held_at_the_end_is_shown_when_no_stop_string_ended_it(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, stop=["STOP"])
+    assert detok.add(tokenizer.encode("a STO")) == "a "
+    assert detok.finish() == "STO"  # (finish reason "length": nothing matched)
 
 
 def test_earliest_of_several_stop_strings_wins(tokenizer):
@@ -122,16 +144,25 @@ def test_earliest_of_several_stop_strings_wins(tokenizer):
 def test_stop_string_in_the_last_chunk_is_cut(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, stop=[" world"])
     shown = detok.add(tokenizer.encode("hello there"))
-    shown += detok.add(tokenizer.encode(" world and more"))
-    assert shown + detok.finish(" world") == "hello there"
+    assert shown + detok.finish(tokenizer.encode(" world"), " world") == "hello there"
 
 
-def test_nothing_after_a_stop(tokenizer):
-    detok = IncrementalDetokenizer(tokenizer, stop=["x"])
-    assert detok.add(tokenizer.encode("abxcd")) == "ab"
-    assert detok.add(tokenizer.encode("more")) == ""
-    assert detok.finish("x") == ""
+def test_the_text_after_the_stop_string_in_its_last_token_is_cut_too():
+    tok = small_bpe()
+    detok = IncrementalDetokenizer(tok, stop=["x"])
+    assert detok.add(tok.encode("ab")) == "ab"
+    assert detok.finish(tok.encode("xcd"), "x") == ""  # one output: "x" and what followed it
+    assert detok.add(tok.encode("more")) == "" and detok.finish() == ""
     assert detok.output_text == "ab"
+
+
+def test_the_detokenizer_trusts_the_engine_on_stop_strings():
+    """It cuts where the engine's matched string starts and nowhere else: a stop string the
+    engine did not end the request on is text (one owner of the decision)."""
+    tok = small_bpe()
+    detok = IncrementalDetokenizer(tok, stop=["x"])
+    assert detok.add(tok.encode("axb")) == "axb"
+    assert detok.finish(tok.encode("cd")) == "cd"
 
 
 def test_special_tokens_skipped_or_kept():

@@ -9,8 +9,11 @@ character, held back until the next ids complete it.
 Special tokens are skipped or kept as `skip_special_tokens` says, except `kept_special_ids`,
 always kept: the markers the output parsers read (the window is decoded in runs between them).
 
-Stop strings: text that could still become a stop string is held back until it is decided, and
-the text is cut where a stop string starts, so a stream never shows (part of) a stop string.
+Stop strings are the engine's decision (`sched/stop_check.py` finishes a request at the token
+that completes one and names it in `matched_stop`); this side trusts it. While a request runs,
+text that could still become a stop string is held back; when it ends with a stop string, its
+last ids and the string come together (`finish(ids, matched_stop)`) and the text is cut where
+that string starts, so a stream never shows (part of) a stop string.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.text = ""  # all decoded text so far (may end in held-back stop-string prefixes)
         self.emitted = 0  # characters of `text` already returned
-        self.stopped = False  # a stop string was found: nothing more is ever emitted
+        self.stopped = False  # finished: nothing more is ever emitted
         self._prefix_offset = 0
         self._read_offset = 0
 
@@ -60,14 +63,20 @@ class IncrementalDetokenizer:
         self._decode_window(final=False)
         return self._release(final=False)
 
-    def finish(self, matched_stop: str | None = None) -> str:
-        """Flush everything held back (cut at a stop string); call once, at the end."""
+    def finish(self, token_ids: Sequence[int] = (), matched_stop: str | None = None) -> str:
+        """Append the request's last ids and flush everything held back, cut where the stop
+        string the engine matched starts; call once, at the end."""
         if self.stopped:
             return ""
+        self.ids.extend(token_ids)
         self._decode_window(final=True)
-        if matched_stop and matched_stop not in self.stop:
-            self.stop += (matched_stop,)
-        return self._release(final=True)
+        pending = self.text[self.emitted :]
+        cut = pending.find(matched_stop) if matched_stop else -1
+        if cut >= 0:
+            pending = pending[:cut]
+        self.stopped = True
+        self.emitted += len(pending)
+        return pending
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -112,18 +121,7 @@ class IncrementalDetokenizer:
 
     def _release(self, final: bool) -> str:
         pending = self.text[self.emitted :]
-        if self.stop:
-            cut = _first_stop(pending, self.stop)
-            if cut is not None:
-                self.stopped = True
-                pending = pending[:cut]
-            elif not final:
-                pending = pending[: len(pending) - held_suffix_len(pending, self.stop)]
+        if self.stop and not final:  # what may still grow into a stop string waits
+            pending = pending[: len(pending) - held_suffix_len(pending, self.stop)]
         self.emitted += len(pending)
         return pending
-
-
-def _first_stop(text: str, stop: Sequence[str]) -> int | None:
-    """Index where the earliest stop string starts in `text`, if any."""
-    hits = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return min(hits) if hits else None

@@ -141,11 +141,12 @@ class RequestTracker:
         if out.finish_reason == "stop" and isinstance(out.matched_stop, int) and ids:
             if ids[-1] == out.matched_stop:  # the EOS / stop token itself is not text
                 ids, lps = ids[:-1], lps[: len(ids) - 1]
-        delta.text += choice.detok.add(ids)
         delta.logprobs.extend(lps)
-        if out.finished:
+        if not out.finished:
+            delta.text += choice.detok.add(ids)
+        else:  # the engine decided any stop string: cut where it starts (never shown)
             stop = out.matched_stop if isinstance(out.matched_stop, str) else None
-            delta.text += choice.detok.finish(stop)
+            delta.text += choice.detok.finish(ids, stop)
             choice.finished = True
             choice.finish_reason = delta.finish_reason = api_finish_reason(out.finish_reason)
             choice.completion_tokens = out.completion_tokens

@@ -1,8 +1,10 @@
 """When a request stops: stop tokens, EOS, its grammar, its length, or a stop string.
 
 Stop strings are matched on text, so the checker is handed the tokenizer's `decode` (ids ->
-text). That is the one place the engine loop decodes text; it is kept behind this seam so a
-later step can move it out to the request tracker.
+text), the one place the engine loop decodes text. This is the only place a stop string is
+decided: the request tracker's detokenizer trusts `matched_stop` and cuts the text there. (The
+other way round, the API deciding and aborting, would cost no decode here but generate tokens
+past the stop; this costs about 5 us per request and step with the bundled tokenizer.)
 """
 
 from __future__ import annotations
@@ -32,12 +34,10 @@ class StopChecker:
             req.fail(f"token {token} broke the request's grammar", ErrorCode.ENGINE_FAILURE)
         elif req.grammar is not None and req.grammar.terminated:
             req.finish("stop", token)
+        elif p.stop and (matched := self.stop_string(req)) is not None:
+            req.finish("stop", matched)  # (before the length: the last token may complete one)
         elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
             req.finish("length")
-        elif p.stop:
-            matched = self.stop_string(req)
-            if matched is not None:
-                req.finish("stop", matched)
 
     def stop_string(self, req: Req) -> str | None:
         """The first of the request's stop strings in the text of its newest tokens, if any.

@@ -158,15 +158,15 @@ class FakeCore:
         p = req.msg.params
         if token == EOS and not p.ignore_eos:
             return "stop", EOS
+        tail = self.tokenizer.decode(req.out[-64:])
+        for s in p.stop:  # (before the length, as the engine's StopChecker)
+            if s in tail:
+                return "stop", s
         if (
             len(req.out) >= p.max_new_tokens
             or len(req.msg.input_ids) + len(req.out) >= self.context_length
         ):
             return "length", None
-        tail = self.tokenizer.decode(req.out[-64:])
-        for s in p.stop:
-            if s in tail:
-                return "stop", s
         return None, None
 
     def _output(self, req: _Req, reason: str | None, matched) -> RequestOutput:

@@ -164,11 +164,11 @@ def test_openai_finish_reason_table():
 
 def test_anthropic_stop_reason_table():
     job = fake_job(stops=("END",))
-    job.choices[0].detok = SimpleNamespace(stopped=True, text="abcEND", emitted=3)
+    job.choices[0].final = SimpleNamespace(matched_stop="END")  # the engine's decision
     assert stop(job, "length", False) == ("max_tokens", None)
     assert stop(job, "stop", True) == ("tool_use", None)
     assert stop(job, "stop", False) == ("stop_sequence", "END")
-    job.choices[0].detok.stopped = False
+    job.choices[0].final = SimpleNamespace(matched_stop=2)  # an EOS token
     assert stop(job, "stop", False) == ("end_turn", None)
     assert stop(job, "abort", False) == ("end_turn", None)
 

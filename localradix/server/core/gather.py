@@ -143,9 +143,7 @@ async def constraint_compiled(job: Job) -> None:
 
 
 def matched_stop(job: Job, index: int = 0) -> str | None:
-    """The stop string that ended a choice, if one did (the text after what was emitted)."""
-    detok = job.choices[index].detok
-    if not detok.stopped:
-        return None
-    rest = detok.text[detok.emitted :]
-    return next((s for s in job.params.stop if rest.startswith(s)), None)
+    """The stop string that ended a choice, if one did (the engine's `matched_stop`)."""
+    final = job.choices[index].final
+    matched = None if final is None else final.matched_stop
+    return matched if isinstance(matched, str) else None
