@@ -129,9 +129,11 @@ def build_runner(folder: Path, device: str, dtype: str, args: ServerArgs) -> Any
         return built.runner
     from localradix.backends.cuda.runner import create_device_runner
     from localradix.platform import Target
+    from localradix.runner.runner_config import RunnerConfig
 
     target = Target("cpu", device, dtype, "torch_native")
-    return create_device_runner(args, source, target, "torch_native")[0]
+    settings = RunnerConfig.from_args(args)
+    return create_device_runner(settings, source, target, "torch_native")[0]
 
 
 class Slots:
@@ -422,14 +424,16 @@ def bench_served(runner: Any, batch: int, ctx: int, new: int, overlap: bool, dev
     """Decode tokens/s through the scheduler, after every request's prefill is done."""
     from localradix.messages import GenerateRequest
     from localradix.runner.overlap import OverlapRunner
+    from localradix.sched.sched_config import SchedulerConfig
     from localradix.sched.scheduler import Scheduler
 
     vocab = runner.config.vocab_size
     args = ServerArgs(max_total_tokens=runner.kv_capacity, max_running_requests=batch)
     args = args.replace(page_size=runner.page_size, max_prefill_tokens=max(8192, batch * ctx))
     wrapped = OverlapRunner(runner, capacity=4 * batch + 4) if overlap else runner
+    config = SchedulerConfig.from_args(args)
     sched = Scheduler(
-        wrapped, args, context_len=8192, eos_token_ids=(), decode=str, vocab_size=vocab
+        wrapped, config, context_len=8192, eos_token_ids=(), decode=str, vocab_size=vocab
     )
     params = SamplingParams(temperature=0.0, max_new_tokens=new, ignore_eos=True)
     for i in range(batch):  # distinct first tokens: no shared prefixes
@@ -670,7 +674,9 @@ def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clo
     ours, logs = generate(runner, prompts, opts.parity_new)
     check_greedy(hf, prompts, ours, BF16_TOL, report, f"bf16 {kind} greedy vs transformers fp32")
     if kind != "TorchNativeAttention":
-        native_args = args.replace(max_total_tokens=16384)
+        from localradix.runner.runner_config import RunnerConfig
+
+        native_args = RunnerConfig.from_args(args.replace(max_total_tokens=16384))
         native = DeviceRunner(
             runner.model,
             runner.config,
