@@ -434,16 +434,53 @@ def test_random_workloads_match_transformers_and_leak_nothing(dense, work, pool,
             assert _qwen._agrees(hf, list(prompt), got[str(i)], want), f"request {i}"
 
 
-def test_mlx_lm_conv_layout_is_refused_by_name(dense, tmp_path):
-    """A folder whose conv1d weights are in MLX's [channels, kernel, 1] layout (mlx-lm's
-    conversion, which may also shift the norms) is refused in one line, not misread."""
+def _as_mlx_lm(src, dst, quantization: dict | None = None, layout: bool = True):
+    """`src` (a Hugging Face Qwen3.5 folder) laid out as mlx-lm saves its conversion: under its
+    VLM wrapper's names, conv1d weights in MLX's [channels, kernel, 1] layout, the (1 + w)
+    norms stored as 1 + w (its qwen3_5 `sanitize`); linear layers quantized if asked (with
+    `layout` off: only that, under the checkpoint's own names and forms)."""
     import shutil
 
-    folder, _ = dense
-    weights = mx.load(str(folder / "model.safetensors"))
-    moved = {n: w.swapaxes(1, 2) if n.endswith("conv1d.weight") else w for n, w in weights.items()}
-    mx.save_safetensors(str(tmp_path / "model.safetensors"), moved, metadata={"format": "pt"})
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(folder / f, tmp_path / f)
-    with pytest.raises(ValueError, match=r"conv1d.weight is in MLX's conv layout, as mlx-lm"):
-        _engine(tmp_path)
+    norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+             ".q_norm.weight", ".k_norm.weight")  # fmt: skip
+    out, wrap = {}, "language_model." if layout else ""
+    for name, w in mx.load(str(src / "model.safetensors")).items():
+        if layout and name.endswith("conv1d.weight"):
+            w = w.moveaxis(2, 1)
+        elif layout and w.ndim == 1 and name.endswith(norms):
+            w = w + 1.0
+        elif quantization and name.endswith("proj.weight") and w.shape[-1] % 32 == 0:
+            q, scales, biases = mx.quantize(w, quantization["group_size"], quantization["bits"])
+            stem = name.removesuffix(".weight")
+            out.update({f"{wrap}{stem}.scales": scales, f"{wrap}{stem}.biases": biases})
+            w = q
+        out[f"{wrap}{name}"] = w
+    dst.mkdir()
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "mlx"})
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, dst / f)
+    config = json.loads((src / "config.json").read_text())
+    if quantization:
+        config["quantization"] = quantization
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_mlx_lm_converted_folders_load_as_their_checkpoint(dense, tmp_path):
+    """mlx-lm's layout (wrapper names, MLX conv layout, shifted norms) gives the checkpoint's
+    own greedy tokens; quantized, the tokens of the same quantized weights under the
+    checkpoint's own names (whose quantized decoding other tests hold to a dequantized twin)."""
+    folder, hf = dense
+    prompts = random_prompts(4, (9, 30))
+    with _engine(_as_mlx_lm(folder, tmp_path / "mlx_lm")) as engine:
+        assert _tokens(engine.generate(prompts, _greedy())) == [
+            hf_greedy(hf, p, NEW) for p in prompts
+        ]
+    bits = {"group_size": 32, "bits": 8}
+    got = {}
+    for layout in (True, False):
+        quantized = _as_mlx_lm(folder, tmp_path / f"8bit_{layout}", bits, layout)
+        with _engine(quantized) as engine:
+            got[layout] = _tokens(engine.generate(prompts, _greedy()))
+            assert engine.core.scheduler.runner.weight_bytes < 0.8 * _float_bytes(folder)
+    assert got[True] == got[False]

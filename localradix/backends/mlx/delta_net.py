@@ -127,12 +127,7 @@ class GatedDeltaNet:
         next_ = c.model_type == "qwen3_next"
         self.in_proj = (self._next_in_proj if next_ else self._in_proj)(prefix, w, hidden)
         kernel, name = c.linear_conv_kernel, prefix + "conv1d.weight"
-        if name in w and tuple(w.weights[name].shape) == (channels, kernel, 1):
-            raise ValueError(  # (mlx-lm's conversion also moves the norms' weights: unverified)
-                f"{name} is in MLX's conv layout, as mlx-lm converts Qwen3.5 / Qwen3-Next: such "
-                "folders are not supported yet; serve the Hugging Face checkpoint"
-            )
-        conv = w.take(name, (channels, 1, kernel), mx.float32)
+        conv = w.take(name, (channels, 1, kernel), mx.float32)  # (mlx-lm's: mlx_lm_layout.py)
         self.conv_taps = conv.reshape(channels, kernel)
         self.dt_bias = w.take(prefix + "dt_bias", (self.value_heads,))
         self.neg_a = -mx.exp(w.take(prefix + "A_log", (self.value_heads,), mx.float32))

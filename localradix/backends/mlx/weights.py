@@ -21,6 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from localradix.backends.mlx.mlx_lm_layout import from_mlx_lm
 from localradix.backends.mlx.quant import Quantized, QuantSpec, quantize
 from localradix.loader.embedding import is_bare_model
 from localradix.loader.hf import read_config
@@ -54,9 +55,11 @@ def load_weights(
             loaded = mx.load(str(path))
             assert isinstance(loaded, dict)
             raw.update(loaded)
-        weights = group_quantized(_with_model_prefix(raw), hf.get("quantization"))
+        raw, quantization = from_mlx_lm(raw, hf.get("quantization"))
+        weights = group_quantized(_with_model_prefix(raw), quantization)
         weights = unstack_switch_mlp(weights)
-        if is_bare_model(folder):  # an embedding model: no head; logits use the embeddings
+        # An embedding model has no head (under any name): its logits use the embeddings.
+        if "lm_head.weight" not in weights and is_bare_model(folder):
             hf = {**hf, "tie_word_embeddings": True}
     if quantize_to not in ("auto", "off"):
         weights = quantize_floats(weights, QuantSpec.parse(quantize_to))
