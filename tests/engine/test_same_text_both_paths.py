@@ -10,20 +10,13 @@ must agree.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server.server_harness import start_server
 
 from localradix import Engine, SamplingParams
-
-SERVER_TESTS = str(Path(__file__).resolve().parent.parent / "server")
-if SERVER_TESTS not in sys.path:
-    sys.path.insert(0, SERVER_TESTS)
-
-from server_harness import start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ pressure (retraction); seeded sampling the same with speculation on and off."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import pytest
 
@@ -31,6 +31,20 @@ def _greedy_case(tiny_model, seed: int, lengths: tuple[int, ...]):
     return folder, prompts, refs, SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
 
 
+def _draft_snapshot_clock(engine: Engine) -> Callable[[], None]:
+    """Hands the clock of the tree's snapshot for drafts to the test: it stands still until
+    the returned `refresh` moves it on by the snapshot's `min_interval_s`, after which the next
+    draft lookup rebuilds the snapshot from what the tree holds then (the outputs so far)."""
+    tree = engine.core.scheduler.speculator._tree
+    now = [tree.clock()]
+    tree.clock = lambda: now[0]
+
+    def refresh() -> None:
+        now[0] += tree.min_interval_s
+
+    return refresh
+
+
 def _assert_drafts_were_verified(engine: Engine) -> None:
     stats = engine.stats()
     assert stats.spec_accepted_tokens >= NEW // 2, "the verify path was never exercised"
@@ -49,10 +63,11 @@ def test_greedy_matches_transformers_with_drafts_accepted(tiny_model, page_size)
         speculative="ngram",
         speculative_k=6,
     ) as engine:
+        refresh_drafts = _draft_snapshot_clock(engine)
         assert token_lists(engine.generate(prompts[:1], params)) == refs[:1]  # alone
         # A random model does not copy its prompt, but the tree now holds prompt 0's output:
         # asked again, it is drafted from the tree (once its snapshot refreshes) and accepted.
-        time.sleep(1.1)
+        refresh_drafts()
         assert token_lists(engine.generate(prompts, params)) == refs  # batched, one cached
         _assert_drafts_were_verified(engine)
 
@@ -81,10 +96,11 @@ def test_seeded_sampling_and_opt_out_unchanged(tiny_model):
         want_seeded = token_lists(plain.generate(prompts, seeded))
         want_greedy = token_lists(plain.generate(prompts, greedy))
     with Engine(str(folder), dtype="float32", max_total_tokens=4096, speculative="ngram") as eng:
+        refresh_drafts = _draft_snapshot_clock(eng)
         opted_out = seeded.replace(speculative=False)
         assert token_lists(eng.generate(prompts, opted_out)) == want_seeded
         assert eng.stats().spec_verify_steps == 0  # nobody drafted for them
-        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        refresh_drafts()  # the tree's snapshot for drafts refreshes: the outputs are drafts now
         assert token_lists(eng.generate(prompts, seeded)) == want_seeded
         assert eng.stats().spec_accepted_tokens > 0
         assert token_lists(eng.generate(prompts, greedy)) == want_greedy
@@ -105,8 +121,9 @@ def test_overlap_schedule_verifies_with_the_same_tokens(tiny_model):
         speculative_k=6,
     ) as engine:
         assert isinstance(engine.core.runner, OverlapRunner) and engine.core.runner.verifies
+        refresh_drafts = _draft_snapshot_clock(engine)
         assert token_lists(engine.generate(prompts, params.replace(speculative=False))) == refs
-        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        refresh_drafts()  # the tree's snapshot for drafts refreshes: the outputs are drafts now
         assert token_lists(engine.generate(prompts, params)) == refs
         _assert_drafts_were_verified(engine)
 
@@ -124,8 +141,9 @@ def test_the_cost_model_decides_and_tokens_stay_the_same(tiny_model):
     folder, prompts, refs, params = _greedy_case(tiny_model, 11, (12, 20, 7))
     with Engine(str(folder), dtype="float32", max_total_tokens=4096, speculative="ngram") as eng:
         speculator = eng.core.scheduler.speculator
+        refresh_drafts = _draft_snapshot_clock(eng)
         assert token_lists(eng.generate(prompts, params)) == refs  # the fitted model
-        time.sleep(1.1)  # the tree's snapshot for drafts refreshes: the outputs are drafts now
+        refresh_drafts()  # the tree's snapshot for drafts refreshes: the outputs are drafts now
         verified = eng.stats().spec_verify_steps
         speculator.costs = _DearDrafts()
         assert token_lists(eng.generate(prompts, params)) == refs

@@ -50,6 +50,7 @@ def _copy_prompts(engine: Engine) -> list[list[int]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_tokens_with_speculation(gguf, backend):
     greedy = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
@@ -76,6 +77,7 @@ def test_same_tokens_with_speculation(gguf, backend):
         engine.check_invariants(idle=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["llamacpp"])  # torch: test_speculative.py (4x faster)
 def test_retraction_with_speculation(gguf, backend):
     greedy = SamplingParams(temperature=0, max_new_tokens=2 * NEW, ignore_eos=True)

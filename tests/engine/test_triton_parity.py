@@ -18,7 +18,10 @@ if not interpreter_active():  # tests/conftest.py turns it on without a GPU
         "triton runs compiled here (a GPU): see test_gpu_devices.py", allow_module_level=True
     )
 # Triton 3.6's interpreter turns 1-element arrays into scalars, which numpy deprecates.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
+]
 NEW = 12
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
 

@@ -15,7 +15,6 @@ completion and a token-id completion.
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,10 +25,6 @@ import httpx
 import pytest
 
 from .conftest import THREADS, Greedy, Reference, family_params, requires_llama_cpp
-
-SERVER_TESTS = str(Path(__file__).resolve().parent.parent / "server")
-if SERVER_TESTS not in sys.path:
-    sys.path.insert(0, SERVER_TESTS)
 
 pytestmark = [pytest.mark.slow, requires_llama_cpp]
 
@@ -183,7 +178,7 @@ def test_stateful_family_caches_like_dense(
 # ---- the real server, once per family -------------------------------------------------------
 @pytest.mark.parametrize("family", family_params())
 def test_serve_answers(family: str, gguf_path: Callable[[str], Path]) -> None:
-    from server_harness import start_server
+    from server.server_harness import start_server
 
     args = [str(gguf_path(family)), "--backend", "llamacpp"]  # `serve MODEL`: positional
     args += ["--threads", str(THREADS), "--max-total-tokens", str(POOL)]

@@ -15,7 +15,6 @@ llama fixture: the architecture does not matter to the template and the parsers.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,6 @@ from typing import Any
 import pytest
 
 from .conftest import requires_llama_cpp
-
-SERVER_TESTS = str(Path(__file__).resolve().parent.parent / "server")
-if SERVER_TESTS not in sys.path:
-    sys.path.insert(0, SERVER_TESTS)
-PARSER_TESTS = Path(__file__).resolve().parent.parent / "parsers"
 
 pytestmark = [pytest.mark.slow, requires_llama_cpp]
 
@@ -78,17 +72,14 @@ def _valid(arguments: Any) -> None:
 
 
 def _template_path(name: str) -> Path:
-    sys.path.insert(0, str(PARSER_TESTS))
-    try:
-        from template_turns import llama_sdist
-    finally:
-        sys.path.remove(str(PARSER_TESTS))
+    from parsers.template_turns import llama_sdist
+
     return llama_sdist.llama_cpp_tree() / "models" / "templates" / f"{name}.jinja"
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{t}" for f, t, _ in CASES])
 def served(request: Any, gguf_path: Callable[[str], Path]) -> Iterator[tuple[Any, str]]:
-    from server_harness import start_server
+    from server.server_harness import start_server
 
     family, template, dialect = request.param
     args = [str(gguf_path(family)), "--backend", "llamacpp", "--threads", "2"]

@@ -96,7 +96,7 @@ class Stepper:
 
 @pytest.fixture
 def make_stepper():
-    from localradix.runner.attention import get_attention_backend
+    from localradix.model_api.attention import get_attention_backend
 
     def make(
         model: torch.nn.Module, config: object, num_slots: int = 512, seed: int = 0

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from localradix.runner.attention import (
+from localradix.model_api.attention import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     get_attention_backend,
 )
-from localradix.runner.kv_layout import KVLayout
+from localradix.model_api.kv_layout import KVLayout
 from localradix.step import ForwardBatch
 
 HQ, HKV, D = 6, 2, 8

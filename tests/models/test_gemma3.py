@@ -12,10 +12,19 @@ import pytest
 import torch
 from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
 
-from localradix import Engine, SamplingParams
+from localradix.model_api.kv_layout import KVLayout
 from localradix.models import ModelConfig
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
+from models.family_parity import (
+    check_alone_batched_cached,
+    check_chunked,
+    check_retraction,
+    check_stepped_logits,
+    check_tp_refuses,
+    refusing_attention,
+    save_checkpoint,
+    triton_interpreter,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,70 +70,25 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(0.3 * torch.randn_like(p))
-    folder = tmp_path_factory.mktemp("gemma3")
-    model.save_pretrained(folder)
-    _word_level_tokenizer(folder)
-    return folder, model
-
-
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
-
-
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
+    return save_checkpoint(tmp_path_factory, "gemma3", model)
 
 
 def test_alone_batched_and_cached_match_transformers(gemma):
-    folder, hf = gemma
-    prompts = random_prompts(1, (5, 17, 30, 24, 3))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=4096) as engine:
-        assert [engine.generate([p], _greedy(NEW))[0].token_ids for p in prompts] == refs
-        again = engine.generate(prompts, _greedy(NEW))  # batched, every prompt now cached
-        assert _tokens(again) == refs
-        assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts, strict=True))
-        # A prompt running on into its own output: a cache hit far longer than the window
-        k = NEW - 6
-        longer = engine.generate([prompts[2] + refs[2][:k]], _greedy(6))[0]
-        assert longer.token_ids == refs[2][k:]
-        assert longer.cached_tokens > 4 * WINDOW
-        engine.check_invariants(idle=True)
+    # prompt 2 running on into its own output: a cache hit far longer than the window
+    _, (longer,) = check_alone_batched_cached(
+        *gemma, random_prompts(1, (5, 17, 30, 24, 3)), NEW, runs_on=[(2, NEW - 6, 6)]
+    )
+    assert longer.cached_tokens > 4 * WINDOW
 
 
 def test_chunked_prefill_matches(gemma):
-    folder, hf = gemma
-    prompts = random_prompts(2, (45, 21, 9))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=6,  # chunks shorter than the window, so windows span chunks
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        k = NEW - 8
-        longer = [p + r[:k] for p, r in zip(prompts, refs, strict=True)]
-        engine.flush_cache()
-        assert _tokens(engine.generate(longer, _greedy(8))) == [r[k:] for r in refs]
-        engine.check_invariants(idle=True)
+    # chunks shorter than the window, so windows span chunks
+    check_chunked(*gemma, random_prompts(2, (45, 21, 9)), NEW, chunk=6, tail=8)
 
 
 def test_retraction_under_kv_pressure_matches(gemma):
-    folder, hf = gemma
-    prompts = random_prompts(4, (27, 28, 29, 30, 31, 32))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=200,  # 6 x (30 + 24) tokens do not fit: decode must retract
-        new_token_ratio=0.05,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        assert engine.stats().retractions > 0
-        engine.check_invariants(idle=True)
+    # 6 x (30 + 24) tokens do not fit: decode must retract
+    check_retraction(*gemma, random_prompts(4, (27, 28, 29, 30, 31, 32)), NEW, 200)
 
 
 def test_logits_and_final_softcap_match_transformers(tmp_path, make_stepper):
@@ -142,17 +106,7 @@ def test_logits_and_final_softcap_match_transformers(tmp_path, make_stepper):
     model, config = load_model(str(tmp_path), "float32", "cpu")
     assert config.final_logit_softcap == 3.0
     prompt = random_prompts(3, (20,))[0]
-    stepper = make_stepper(model, config)
-    ours = stepper.step({"a": prompt})["a"]
-    with torch.no_grad():
-        ref = hf(torch.tensor([prompt])).logits[0]
-    assert ref.abs().max() <= 3.0
-    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-    token = int(ref[-1].argmax())
-    ours = stepper.step({"a": [token]})["a"]
-    with torch.no_grad():
-        ref = hf(torch.tensor([[*prompt, token]])).logits[0, -1:]
-    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    check_stepped_logits(make_stepper(model, config), hf, prompt, softcap=3.0)
 
 
 # ---- the windowed torch-native attention ---------------------------------------------------
@@ -177,11 +131,12 @@ class _World:
     """Two layers (windowed, full); whole-sequence K/V per request, checked at every step."""
 
     def __init__(self, windows: tuple[int, int], num_slots: int = 512) -> None:
+        from localradix.model_api.attention_spec import AttentionSpec
         from localradix.runner.attention_torch import TorchNativeAttention
 
         layout = KVLayout(2, HKV, D, "float32", num_slots)
         self.windows = windows
-        self.attn = TorchNativeAttention(layout, "cpu", windows=windows)
+        self.attn = TorchNativeAttention(layout, "cpu", AttentionSpec.of(windows))
         slots = np.arange(1, num_slots + 1)
         self.free = list(np.random.default_rng(0).permutation(slots))
         self.k: dict[str, list[torch.Tensor]] = {}
@@ -320,12 +275,10 @@ def test_rotary_tables_match_transformers():
 
 
 def test_backends_without_windows_refuse():
-    from localradix.runner.attention import AttentionBackend
+    from localradix.model_api.attention import AttentionBackend
     from localradix.runner.attention_torch import TorchNativeAttention
 
-    class NoWindows(TorchNativeAttention):
-        applies_windows = False
-
+    NoWindows = refusing_attention("NoWindows", "applies_windows")
     config = _config()
     with pytest.raises(ValueError, match="NoWindows cannot apply Gemma3ForCausalLM's sliding"):
         NoWindows.from_model_config(config, 64, torch.float32, "cpu")
@@ -334,23 +287,16 @@ def test_backends_without_windows_refuse():
 
 
 def test_tensor_parallel_refuses_gemma():
-    from localradix.runner.tp.shard import Shard
-
-    with pytest.raises(ValueError, match="--tp 2 does not split Gemma3ForCausalLM"):
-        Shard(0, 2).check(_config())
-    Shard(0, 1).check(_config())
+    check_tp_refuses(_config(), "--tp 2 does not split Gemma3ForCausalLM")
 
 
 @pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 def test_triton_attention_gets_the_windows(gemma):
     """The Triton backend (its interpreter here) is given the model's windows and its logits
     equal the torch-native backend's, over a prompt and decodes past the window."""
-    pytest.importorskip("triton")
-    from localradix.backends.cuda import triton_attention
+    triton_attention = triton_interpreter()
     from localradix.loader.model_loader import load_model
 
-    if not triton_attention.interpreter_active():
-        pytest.skip("triton runs compiled here (a GPU)")
     model, config = load_model(str(gemma[0]), "float32", "cpu")
     attn = triton_attention.TritonAttention.from_model_config(config, 64, torch.float32, "cpu")
     assert attn.windows == (WINDOW, 0, WINDOW, WINDOW, 0)

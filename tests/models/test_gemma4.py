@@ -13,11 +13,20 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
+from engine.conftest import VOCAB, hf_greedy, random_prompts
 
-from localradix import Engine, SamplingParams
+from localradix.model_api.kv_layout import KVLayout
 from localradix.models import ModelConfig
-from localradix.runner.kv_layout import KVLayout
+from models.family_parity import (
+    check_alone_batched_cached,
+    check_chunked,
+    check_retraction,
+    check_stepped_logits,
+    check_tp_refuses,
+    refusing_attention,
+    save_checkpoint,
+    triton_interpreter,
+)
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Gemma4ForCausalLM"):
@@ -73,49 +82,26 @@ def _hf_model(seed: int, **extra: object):
     return model
 
 
-def _saved(tmp_path_factory: pytest.TempPathFactory, name: str, model) -> tuple[object, object]:
-    folder = tmp_path_factory.mktemp(name)
-    model.save_pretrained(folder)
-    _word_level_tokenizer(folder)
-    return folder, model
-
-
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
     """(saved folder, the transformers model in fp32 eval mode)."""
-    return _saved(tmp_path_factory, "gemma4", _hf_model(0))
+    return save_checkpoint(tmp_path_factory, "gemma4", _hf_model(0))
 
 
 @pytest.fixture(scope="module")
 def gemma_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
-    return _saved(tmp_path_factory, "gemma4_moe", _hf_model(1, **MOE))
-
-
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
-
-
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
+    return save_checkpoint(tmp_path_factory, "gemma4_moe", _hf_model(1, **MOE))
 
 
 def _alone_batched_cached(folder, hf, lengths=(5, 17, 30, 24, 3)) -> None:
-    prompts = random_prompts(1, lengths)
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=4096) as engine:
-        assert [engine.generate([p], _greedy(NEW))[0].token_ids for p in prompts] == refs
-        again = engine.generate(prompts, _greedy(NEW))  # batched, every prompt now cached
-        assert _tokens(again) == refs
-        assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts, strict=True))
-        # A prompt running on into its own output: a cache hit far longer than the window
-        k = NEW - 6
-        longer = engine.generate([prompts[2] + refs[2][:k]], _greedy(6))[0]
-        assert longer.token_ids == refs[2][k:]
-        assert longer.cached_tokens > 4 * WINDOW
-        # ... and one that ends inside the window
-        short = engine.generate([prompts[4] + refs[4][:4]], _greedy(6))[0]
-        assert short.token_ids == refs[4][4:10] and short.cached_tokens < WINDOW
-        engine.check_invariants(idle=True)
+    # prompt 2 running on into its own output: a cache hit far longer than the window; prompt
+    # 4 (3 tokens): one that ends inside the window
+    runs_on = [(2, NEW - 6, 6), (4, 4, 6)]
+    _, (longer, short) = check_alone_batched_cached(
+        folder, hf, random_prompts(1, lengths), NEW, runs_on
+    )
+    assert longer.cached_tokens > 4 * WINDOW
+    assert short.cached_tokens < WINDOW
 
 
 def test_alone_batched_and_cached_match_transformers(gemma):
@@ -127,53 +113,17 @@ def test_moe_alone_batched_and_cached_match_transformers(gemma_moe):
 
 
 def test_chunked_prefill_matches(gemma):
-    folder, hf = gemma
-    prompts = random_prompts(2, (45, 21, 9))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=6,  # chunks shorter than the window, so windows span chunks
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        k = NEW - 8
-        longer = [p + r[:k] for p, r in zip(prompts, refs, strict=True)]
-        engine.flush_cache()
-        assert _tokens(engine.generate(longer, _greedy(8))) == [r[k:] for r in refs]
-        engine.check_invariants(idle=True)
+    # chunks shorter than the window, so windows span chunks
+    check_chunked(*gemma, random_prompts(2, (45, 21, 9)), NEW, chunk=6, tail=8)
 
 
 def test_retraction_under_kv_pressure_matches(gemma):
-    folder, hf = gemma
-    prompts = random_prompts(4, (27, 28, 29, 30, 31, 32))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=200,  # 6 x (30 + 20) tokens do not fit: decode must retract
-        new_token_ratio=0.05,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        assert engine.stats().retractions > 0
-        engine.check_invariants(idle=True)
+    # 6 x (30 + 20) tokens do not fit: decode must retract
+    check_retraction(*gemma, random_prompts(4, (27, 28, 29, 30, 31, 32)), NEW, 200)
 
 
 def _logits_match(model, config, hf, make_stepper) -> None:
-    prompt = random_prompts(3, (20,))[0]
-    stepper = make_stepper(model, config)
-    ours = stepper.step({"a": prompt})["a"]
-    with torch.no_grad():
-        ref = hf(torch.tensor([prompt])).logits[0]
-    assert ref.abs().max() <= 5.0  # soft-capped
-    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-    token = int(ref[-1].argmax())
-    ours = stepper.step({"a": [token]})["a"]
-    with torch.no_grad():
-        ref = hf(torch.tensor([[*prompt, token]])).logits[0, -1:]
-    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    check_stepped_logits(make_stepper(model, config), hf, random_prompts(3, (20,))[0], 5.0)
 
 
 def test_logits_match_transformers(gemma, make_stepper):
@@ -279,11 +229,7 @@ def test_mixed_layout_and_its_transfer():
 
 
 def test_backends_without_mixed_shapes_refuse():
-    from localradix.runner.attention_torch import TorchNativeAttention
-
-    class Uniform(TorchNativeAttention):
-        applies_mixed_shapes = False
-
+    Uniform = refusing_attention("Uniform", "applies_mixed_shapes")
     with pytest.raises(ValueError, match="Uniform cannot hold Gemma4ForCausalLM's KV layers of"):
         Uniform.from_model_config(_config(), 64, torch.float32, "cpu")
     # without a global head size of its own, the layout is uniform: any windowed backend serves
@@ -293,23 +239,17 @@ def test_backends_without_mixed_shapes_refuse():
 
 
 def test_tensor_parallel_refuses_gemma4():
-    from localradix.runner.tp.shard import Shard
-
-    with pytest.raises(ValueError, match="--tp 2 does not split Gemma4ForCausalLM"):
-        Shard(0, 2).check(_config())
+    check_tp_refuses(_config(), "--tp 2 does not split Gemma4ForCausalLM")
 
 
 @pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 def test_triton_attention_holds_the_mixed_layout(gemma):
     """The Triton backend (its interpreter here) keeps one cache per KV shape, applies the
     windows, and its logits equal transformers' over a prompt and decodes past the window."""
-    pytest.importorskip("triton")
-    from localradix.backends.cuda import triton_attention
+    triton_attention = triton_interpreter()
     from localradix.loader.model_loader import load_model
     from localradix.step import ForwardBatch
 
-    if not triton_attention.interpreter_active():
-        pytest.skip("triton runs compiled here (a GPU)")
     model, config = load_model(str(gemma[0]), "float32", "cpu")
     attn = triton_attention.TritonAttention.from_model_config(config, 64, torch.float32, "cpu")
     assert attn.windows == (WINDOW, WINDOW, 0, WINDOW) and len(attn.kv_groups) == 2

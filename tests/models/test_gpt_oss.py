@@ -13,12 +13,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from engine.conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts
+from engine.conftest import VOCAB, hf_greedy, random_prompts
 
-from localradix import Engine, SamplingParams
+from localradix.model_api.kv_layout import KVLayout
 from localradix.models import ModelConfig
-from localradix.runner.kv_layout import KVLayout
 from localradix.step import ForwardBatch
+from models.family_parity import (
+    check_alone_batched_cached,
+    check_chunked,
+    check_retraction,
+    check_tp_refuses,
+    refusing_attention,
+    save_checkpoint,
+    triton_interpreter,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,67 +89,26 @@ def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
     torch.manual_seed(0)
     model = transformers.GptOssForCausalLM(_hf_config()).eval()
     _randomise(model)
-    folder = tmp_path_factory.mktemp("gpt_oss")
-    model.save_pretrained(folder)
-    _word_level_tokenizer(folder)
-    return folder, model
-
-
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
-
-
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
+    return save_checkpoint(tmp_path_factory, "gpt_oss", model)
 
 
 def test_alone_batched_and_cached_match_transformers(gpt_oss):
-    folder, hf = gpt_oss
-    prompts = random_prompts(1, (5, 17, 30, 24, 3))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=4096) as engine:
-        assert [engine.generate([p], _greedy(NEW))[0].token_ids for p in prompts] == refs
-        again = engine.generate(prompts, _greedy(NEW))  # batched, every prompt now cached
-        assert _tokens(again) == refs
-        assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts, strict=True))
-        assert min(r.cached_tokens for r in again) < WINDOW  # hits inside the window, too
-        # A prompt running on into its own output: a cache hit far longer than the window
-        k = NEW - 6
-        longer = engine.generate([prompts[2] + refs[2][:k]], _greedy(6))[0]
-        assert longer.token_ids == refs[2][k:]
-        assert longer.cached_tokens > 4 * WINDOW
-        engine.check_invariants(idle=True)
+    # prompt 2 running on into its own output: a cache hit far longer than the window
+    again, (longer,) = check_alone_batched_cached(
+        *gpt_oss, random_prompts(1, (5, 17, 30, 24, 3)), NEW, runs_on=[(2, NEW - 6, 6)]
+    )
+    assert min(r.cached_tokens for r in again) < WINDOW  # hits inside the window, too
+    assert longer.cached_tokens > 4 * WINDOW
 
 
 def test_chunked_prefill_matches(gpt_oss):
-    folder, hf = gpt_oss
-    prompts = random_prompts(2, (45, 21, 9))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=6,  # chunks shorter than the window, so windows span chunks
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        engine.check_invariants(idle=True)
+    # chunks shorter than the window, so windows span chunks
+    check_chunked(*gpt_oss, random_prompts(2, (45, 21, 9)), NEW, chunk=6)
 
 
 def test_retraction_under_kv_pressure_matches(gpt_oss):
-    folder, hf = gpt_oss
-    prompts = random_prompts(4, (27, 28, 29, 30, 31, 32))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=200,  # 6 x (30 + 24) tokens do not fit: decode must retract
-        new_token_ratio=0.05,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        assert engine.stats().retractions > 0
-        engine.check_invariants(idle=True)
+    # 6 x (30 + 24) tokens do not fit: decode must retract
+    check_retraction(*gpt_oss, random_prompts(4, (27, 28, 29, 30, 31, 32)), NEW, 200)
 
 
 def _steps(model, attn, tokens: list[int], prompt: int) -> list[torch.Tensor]:
@@ -163,14 +130,10 @@ def test_logits_match_transformers(gpt_oss, backend):
     """Logits of a prompt (two extends) and decodes past the window, on both backends that
     apply sinks (Triton's kernels in its interpreter here)."""
     from localradix.loader.model_loader import load_model
-    from localradix.runner.attention import get_attention_backend
+    from localradix.model_api.attention import get_attention_backend
 
     if backend == "triton":
-        pytest.importorskip("triton")
-        from localradix.backends.cuda import triton_attention
-
-        if not triton_attention.interpreter_active():
-            pytest.skip("triton runs compiled here (a GPU)")
+        triton_interpreter()
     folder, hf = gpt_oss
     model, config = load_model(str(folder), "float32", "cpu")
     attn = get_attention_backend(backend).from_model_config(config, 64, torch.float32, "cpu")
@@ -212,10 +175,11 @@ class _World:
     every step against the float64 reference."""
 
     def __init__(self, windows: tuple[int, int], num_slots: int = 512) -> None:
+        from localradix.model_api.attention_spec import AttentionSpec
         from localradix.runner.attention_torch import TorchNativeAttention
 
-        self.attn = TorchNativeAttention(KVLayout(2, HKV, D, "float32", num_slots), "cpu",
-                                         windows=windows)  # fmt: skip
+        layout = KVLayout(2, HKV, D, "float32", num_slots)
+        self.attn = TorchNativeAttention(layout, "cpu", AttentionSpec.of(windows, sinks=True))
         self.windows = windows
         self.gen = torch.Generator().manual_seed(0)
         self.sinks = [2 * torch.randn(HQ, generator=self.gen) for _ in windows]
@@ -395,11 +359,7 @@ def test_config_parses():
 
 
 def test_backends_without_sinks_refuse():
-    from localradix.runner.attention_torch import TorchNativeAttention
-
-    class NoSinks(TorchNativeAttention):
-        applies_sinks = False
-
+    NoSinks = refusing_attention("NoSinks", "applies_sinks")
     with pytest.raises(ValueError, match="NoSinks cannot apply GptOssForCausalLM's attention si"):
         NoSinks.from_model_config(_config(), 64, torch.float32, "cpu")
 
@@ -441,8 +401,4 @@ def test_mxfp4_experts_dequantise_like_transformers():
 
 
 def test_tensor_parallel_refuses_gpt_oss():
-    from localradix.runner.tp.shard import Shard
-
-    with pytest.raises(ValueError, match="--tp 2 does not split GptOssForCausalLM"):
-        Shard(0, 2).check(_config())
-    Shard(0, 1).check(_config())
+    check_tp_refuses(_config(), "--tp 2 does not split GptOssForCausalLM")

@@ -1,7 +1,7 @@
 """Mixture of experts: Mixtral and Qwen3-MoE (some layers dense, top-k renormalised or not)
 through the Engine on the CPU backend, greedy token for token like transformers: alone, batched
 and cached, chunked, retracted. Also the MoE block against transformers' on both of its paths,
-no host sync in its forward, the weight names, config parsing and the TP refusal. (MLX:
+no host sync in its forward, the weight names, config parsing and the TP split. (MLX:
 tests/backends/test_mlx_families.py.)"""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from engine.conftest import (
-    VOCAB,
-    _word_level_tokenizer,
-    hf_greedy,
-    random_prompts,
-)
+from engine.conftest import VOCAB, random_prompts
 
-from localradix import Engine, SamplingParams
 from localradix.models import ModelConfig
+from models.family_parity import (
+    check_alone_batched_cached,
+    check_chunked,
+    check_retraction,
+    save_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,66 +82,25 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, 
             for n, p in model.named_parameters():
                 if "norm" in n:
                     p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        folder = tmp_path_factory.mktemp(name)
-        model.save_pretrained(folder)
-        _word_level_tokenizer(folder)
-        out[name] = (folder, model)
+        out[name] = save_checkpoint(tmp_path_factory, name, model)
     return out
-
-
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
-
-
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_alone_batched_and_cached_match_transformers(models, name):
-    folder, hf = models[name]
-    prompts = random_prompts(1, (5, 17, 40, 24, 3))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=4096) as engine:
-        # alone: one-token decode steps take the gathered-experts path
-        assert [engine.generate([p], _greedy(NEW))[0].token_ids for p in prompts] == refs
-        again = engine.generate(prompts, _greedy(NEW))  # batched (dense path), all cached
-        assert _tokens(again) == refs
-        assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts, strict=True))
-        engine.check_invariants(idle=True)
+    # alone: one-token decode steps take the gathered-experts path; batched: the dense path
+    check_alone_batched_cached(*models[name], random_prompts(1, (5, 17, 40, 24, 3)), NEW)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_chunked_prefill_matches(models, name):
-    folder, hf = models[name]
-    prompts = random_prompts(2, (70, 33, 9))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=16,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        engine.check_invariants(idle=True)
+    check_chunked(*models[name], random_prompts(2, (70, 33, 9)), NEW, chunk=16)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
 def test_retraction_under_kv_pressure_matches(models, name):
-    folder, hf = models[name]
-    prompts = random_prompts(4, (27, 28, 29, 30, 31, 32))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=200,  # 6 x (30 + 24) tokens do not fit: decode must retract
-        new_token_ratio=0.05,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        assert engine.stats().retractions > 0
-        engine.check_invariants(idle=True)
+    # 6 x (30 + 24) tokens do not fit: decode must retract
+    check_retraction(*models[name], random_prompts(4, (27, 28, 29, 30, 31, 32)), NEW, 200)
 
 
 # ---- the block alone -----------------------------------------------------------------------
@@ -276,7 +235,7 @@ def test_decode_step_of_whole_model_makes_no_host_sync(models):
     import numpy as np
 
     from localradix.loader.model_loader import load_model
-    from localradix.runner.attention import get_attention_backend
+    from localradix.model_api.attention import get_attention_backend
     from localradix.step import ForwardBatch
 
     folder, _ = models["qwen3_moe"]
@@ -341,10 +300,18 @@ def test_configs_parse():
     assert dense.num_experts == 0 and not dense.uses_moe(0) and not dense.extensions()
 
 
-def test_tensor_parallel_refuses_experts():
-    from localradix.runner.tp.shard import Shard
+def test_tensor_parallel_splits_experts_and_refuses_uneven_widths():
+    """(Parity at tp=2 is tests/engine/test_tensor_parallel_moe.py.)"""
+    import dataclasses
 
-    for name, arch in (("mixtral", "MixtralForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")):
-        with pytest.raises(ValueError, match=f"--tp 2 does not split {arch}'s mixture of experts"):
-            Shard(0, 2).check(_config(name))
-        Shard(0, 1).check(_config(name))
+    from localradix.model_api.shard import Shard
+
+    for name in ("mixtral", "qwen3_moe"):
+        config = _config(name)
+        Shard(0, 2).check(config)
+        assert Shard(1, 2).local_config(config).moe_intermediate_size == (
+            config.moe_intermediate_size // 2
+        )
+        odd = dataclasses.replace(config, moe_intermediate_size=config.moe_intermediate_size + 1)
+        with pytest.raises(ValueError, match="cannot split experts of intermediate size"):
+            Shard(0, 2).check(odd)

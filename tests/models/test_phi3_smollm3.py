@@ -9,15 +9,16 @@ import math
 
 import pytest
 import torch
-from engine.conftest import (
-    VOCAB,
-    _word_level_tokenizer,
-    hf_greedy,
-    random_prompts,
-)
+from engine.conftest import VOCAB, random_prompts
 
-from localradix import Engine, SamplingParams
 from localradix.models import ModelConfig
+from models.family_parity import (
+    check_alone_batched_cached,
+    check_chunked,
+    check_retraction,
+    check_tp_refuses,
+    save_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,15 +76,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, 
     for name, config in _configs().items():
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        folder = tmp_path_factory.mktemp(name)
-        model.save_pretrained(folder)
-        _word_level_tokenizer(folder)
-        out[name] = (folder, model)
+        out[name] = save_checkpoint(tmp_path_factory, name, model)
     return out
-
-
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
 
 
 def _prompts(name: str, seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
@@ -94,65 +88,27 @@ def _prompts(name: str, seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
     return random_prompts(seed, lengths)
 
 
-def _tokens(results) -> list[list[int]]:
-    return [r.token_ids for r in results]
-
-
 @pytest.mark.parametrize("name", ["phi3", "phi4", "smollm3"])
 def test_alone_batched_and_cached_match_transformers(models, name):
-    folder, hf = models[name]
+    # Prompt 2 runs on into its own greedy output, past ORIGINAL: its cached KV (from decode,
+    # short then long factors) must continue transformers' token-by-token run.
     prompts = _prompts(name, 1, (5, 17, 32, 24, 3))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(str(folder), backend="cpu", dtype="float32", max_total_tokens=4096) as engine:
-        assert [engine.generate([p], _greedy(NEW))[0].token_ids for p in prompts] == refs
-        again = engine.generate(prompts, _greedy(NEW))  # batched, every prompt now cached
-        assert _tokens(again) == refs
-        assert all(r.cached_tokens == len(p) - 1 for r, p in zip(again, prompts, strict=True))
-        # A prompt that runs on into its own greedy output, past ORIGINAL: its cached KV (from
-        # decode, short then long factors) must continue transformers' token-by-token run.
-        k = NEW - 10
-        longer = engine.generate([prompts[2] + refs[2][:k]], _greedy(10))[0]
-        assert longer.token_ids == refs[2][k:]
-        assert longer.cached_tokens > ORIGINAL
-        engine.check_invariants(idle=True)
+    _, (longer,) = check_alone_batched_cached(
+        *models[name], prompts, NEW, runs_on=[(2, NEW - 10, 10)]
+    )
+    assert longer.cached_tokens > ORIGINAL
 
 
 @pytest.mark.parametrize("name", ["phi3", "phi4", "smollm3"])
 def test_chunked_prefill_matches(models, name):
-    folder, hf = models[name]
-    prompts = _prompts(name, 2, (70, 33, 9))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=16,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        # Prompt plus most of its output, prefilled in chunks across ORIGINAL, cache off
-        k = NEW - 8
-        longer = [p + r[:k] for p, r in zip(prompts, refs, strict=True)]
-        engine.flush_cache()
-        assert _tokens(engine.generate(longer, _greedy(8))) == [r[k:] for r in refs]
-        engine.check_invariants(idle=True)
+    # then each prompt plus most of its output, prefilled in chunks across ORIGINAL, cache off
+    check_chunked(*models[name], _prompts(name, 2, (70, 33, 9)), NEW, chunk=16, tail=8)
 
 
 @pytest.mark.parametrize("name", ["phi4", "smollm3"])
 def test_retraction_under_kv_pressure_matches(models, name):
-    folder, hf = models[name]
-    prompts = _prompts(name, 4, (27, 28, 29, 30, 31, 32))
-    refs = [hf_greedy(hf, p, NEW) for p in prompts]
-    with Engine(
-        str(folder),
-        backend="cpu",
-        dtype="float32",
-        max_total_tokens=250,  # 6 x (30 + 40) tokens do not fit: decode must retract
-        new_token_ratio=0.05,
-    ) as engine:
-        assert _tokens(engine.generate(prompts, _greedy(NEW))) == refs
-        assert engine.stats().retractions > 0
-        engine.check_invariants(idle=True)
+    # 6 x (30 + 40) tokens do not fit: decode must retract
+    check_retraction(*models[name], _prompts(name, 4, (27, 28, 29, 30, 31, 32)), NEW, 250)
 
 
 # ---- config, tables, refusals --------------------------------------------------------------
@@ -227,11 +183,9 @@ def test_rotary_table_matches_transformers_both_sides_of_original(name):
 
 
 def test_tensor_parallel_refuses_fused_weights_only():
-    from localradix.runner.tp.shard import Shard
+    from localradix.model_api.shard import Shard
 
-    with pytest.raises(ValueError, match="--tp 2 does not split Phi3ForCausalLM's fused"):
-        Shard(0, 2).check(_config("phi3"))
-    Shard(0, 1).check(_config("phi3"))
+    check_tp_refuses(_config("phi3"), "--tp 2 does not split Phi3ForCausalLM's fused")
     Shard(0, 2).check(_config("smollm3"))  # NoPE layers split by heads like any other
     local = Shard(1, 2).local_config(_config("smollm3"))
     assert local.rope_layers == (True, False, True, False)

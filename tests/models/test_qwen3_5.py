@@ -516,7 +516,9 @@ def test_config_parses():
     assert (c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel) == (8, 12, 4)
     assert c.rotary_dim == 8 and c.qk_norm and c.offset_norms and c.attn_output_gate
     assert c.layer_windows() == ()
-    assert "gated delta-net linear attention layers" in c.extensions()  # (backends name what they lack)
+    assert (
+        "gated delta-net linear attention layers" in c.extensions()
+    )  # (backends name what they lack)
     assert ModelConfig.from_dict(c.to_dict()) == c
     # no layer_types: every full_attention_interval-th layer is full attention
     d = _hf_config().to_dict()

@@ -4,18 +4,13 @@ through the unchanged `openai` SDK (`embeddings.create`) and `ollama` client (`e
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import numpy as np
 import ollama
 import openai
 import pytest
+from engine.embedding_model import reference_embedding, save_embedding_model
 from server_harness import start_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from embedding_model import reference_embedding, save_embedding_model  # noqa: E402
 
 TEXTS = ["w5 w6 w7", "w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20", "w300"]
 

@@ -587,6 +587,7 @@ def test_fake_load_failure_exits_nonzero_with_the_reason():
     assert "nonexistent" in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_fake_schemathesis_cli_all_checks_pass(fake_server):
     """The schemathesis CLI, all phases and all checks (no 5xx, every status, content type,
     header and body as documented, schema-valid requests accepted and invalid ones refused,

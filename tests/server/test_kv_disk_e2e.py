@@ -55,6 +55,7 @@ def ask(url: str, document: str, question: str) -> tuple[str, int, int]:
     return reply["choices"][0]["message"]["content"], usage["prompt_tokens"], cached
 
 
+@pytest.mark.slow
 def test_unload_and_restart_find_the_prompt_on_disk(tiny_default, tmp_path):
     disk = tmp_path / "kv"
     args = [str(tiny_default), "--backend", "cpu", "--kv-disk-cache", str(disk),

@@ -3,18 +3,13 @@ and a tool-call turn with both content and reasoning still renders (gpt-oss refu
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import msgspec
 import pytest
+from parsers.template_turns import requires_templates, template
 
 from localradix.loader.chat_template import render_chat_template
 from localradix.server.core.jobs import chat_messages
 from localradix.server.protocol import ChatCompletionRequest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parsers"))
-from template_turns import requires_templates, template  # noqa: E402
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 TOOLS = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]

@@ -16,6 +16,8 @@ import pytest
 from hub_standin import HubStandIn, Repo
 from store_support import FOLDER_REPO, GGUF_REPO, REPO, cli, start_serve, store_env
 
+pytestmark = pytest.mark.slow  # `serve` processes loading and unloading models
+
 DEFAULT = "SmolLM2-135M-Instruct"  # the bundled model, served when `serve` gets none
 GGUF = f"{GGUF_REPO}:Q4_1"  # listed by ref: its derived alias is the bundled model's too
 TINY = "tiny-llama:1m-f32"

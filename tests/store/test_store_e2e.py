@@ -126,6 +126,7 @@ def test_a_name_of_two_models_is_an_error_that_lists_them(env, home):
         start_serve(env, "smollm2:135m-q4_1", proc_log)
 
 
+@pytest.mark.slow
 def test_offline_serve_of_a_user_alias_answers_through_openai(env, hub, home):
     import openai
 
@@ -158,6 +159,7 @@ def test_offline_serve_of_a_user_alias_answers_through_openai(env, hub, home):
     assert r.returncode == 0 and "is in the store; the hub did not answer" in r.stdout
 
 
+@pytest.mark.slow
 def test_offline_serve_of_a_pulled_folder_by_its_derived_alias(env, home):
     import openai
 
@@ -173,6 +175,7 @@ def test_offline_serve_of_a_pulled_folder_by_its_derived_alias(env, home):
         proc.wait(60)
 
 
+@pytest.mark.slow  # removes the alias the offline serve above made
 def test_rm_asks_then_removes_the_files_and_the_alias(env, home):
     line = one_line_error(cli(env, "rm", "smol:pulled"))
     assert "pass --yes" in line

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
 if importlib.util.find_spec("localradix") is None:
     sys.path.insert(0, str(HERE.parents[1]))
 
