@@ -247,3 +247,75 @@ def test_mixed_kv_layout_transfer_round_trips():
     after = [np.array(c[mx.array([1, 2, 4])]) for c in attn.k_cache + attn.v_cache]
     for a, b in zip(after, before, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _as_mlx_lm(src, dst, num_layers: int, shared: int, bits: dict | None = None):
+    """`src` (a Hugging Face Gemma 4 folder) as mlx-lm saves its conversion (its gemma4
+    `sanitize`): names under its VLM wrapper, each layer's stacked experts split into
+    `switch_glu` gate / up / down, the KV-shared layers' k/v projections and k-norm dropped;
+    with `bits`, every matrix whose rows split into whole groups quantized as mlx-lm packs it."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    out: dict = {}
+
+    def put(name: str, w) -> None:
+        if (
+            bits
+            and w.ndim >= 2
+            and name.endswith("proj.weight")
+            and w.shape[-1] % bits["group_size"] == 0
+        ):
+            q, scales, biases = mx.quantize(w, bits["group_size"], bits["bits"])
+            stem = name.removesuffix(".weight")
+            out.update({f"{stem}.scales": scales, f"{stem}.biases": biases})
+            w = q
+        out[name] = w
+
+    for name, w in mx.load(str(src / "model.safetensors")).items():
+        layer = int(name.split("layers.")[1].split(".")[0]) if "layers." in name else -1
+        if layer >= num_layers - shared and any(
+            s in name for s in (".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm")
+        ):
+            continue
+        name = "language_model." + name.replace("model.", "model.", 1)
+        if name.endswith(".experts.gate_up_proj"):
+            base = name.removesuffix(".gate_up_proj") + ".switch_glu."
+            gate, up = mx.split(w, 2, axis=-2)
+            put(base + "gate_proj.weight", gate)
+            put(base + "up_proj.weight", up)
+        elif name.endswith(".experts.down_proj"):
+            put(name.removesuffix(".down_proj") + ".switch_glu.down_proj.weight", w)
+        else:
+            put(name, w)
+    dst.mkdir()
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "mlx"})
+    for f in src.iterdir():
+        if f.suffix == ".json" and f.name != "config.json":
+            shutil.copy(f, dst / f.name)
+    config = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(
+        json.dumps({**config, **({"quantization": bits} if bits else {})})
+    )
+    return dst
+
+
+def test_mlx_lm_converted_moe_folders_load(gemma_moe, tmp_path):
+    """mlx-lm's layout of a Gemma 4 MoE checkpoint (wrapper names, switch_glu experts, no
+    k/v in KV-shared layers) gives transformers' greedy tokens; quantized by 8 bits, it runs
+    with its experts packed and still follows the float model for a few tokens."""
+    folder, hf = gemma_moe
+    config = hf.config
+    layers, shared = config.num_hidden_layers, config.num_kv_shared_layers
+    prompts = random_prompts(6, (9, 30))
+    want = [hf_greedy(hf, p, 6) for p in prompts]
+    with _engine(_as_mlx_lm(folder, tmp_path / "float", layers, shared)) as engine:
+        assert _tokens(engine.generate(prompts, _greedy(6))) == want
+    packed = _as_mlx_lm(folder, tmp_path / "q8", layers, shared, {"group_size": 32, "bits": 8})
+    with _engine(packed) as engine:
+        experts = engine.core.scheduler.runner.model.blocks[0].moe
+        assert experts.gate_up.spec is not None  # (down's 24-wide rows stay float)
+        got = _tokens(engine.generate(prompts, _greedy(2)))
+    assert got == [w[:2] for w in want]

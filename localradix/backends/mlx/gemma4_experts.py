@@ -4,7 +4,8 @@ layer's dense MLP, GeGLU experts fed the pre-normed residual and routed by the r
 The router norms its input without a weight, times `scale` and 1/sqrt(hidden), softmaxes the
 logits in float32, keeps the top k renormalised to sum to 1 and multiplies each by its
 expert's `per_expert_scale`. The experts come stacked (`experts.gate_up_proj` [E, 2I, H],
-`experts.down_proj` [E, H, I]) and run through moe.py's gathered matmuls.
+`experts.down_proj` [E, H, I]; mlx-lm's conversions: `experts.switch_glu.{gate,up,down}_proj`,
+float or quantized) and run through moe.py's gathered matmuls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable
 import mlx.core as mx
 
 from localradix.backends.mlx.moe import SORT_FROM, MoEBlock, StackedExperts
+from localradix.backends.mlx.quant import Quantized
 from localradix.backends.mlx.reader import WeightReader
 from localradix.models.config import ModelConfig
 
@@ -49,6 +51,13 @@ class Gemma4Experts(MoEBlock):
         self.scale = w.take(prefix + "router.scale", (hidden,))
         self.per_expert_scale = w.take(prefix + "router.per_expert_scale", (experts,))
         p = prefix + "experts."
+        if p + "switch_glu.gate_proj.weight" in w:  # mlx-lm's conversion: gate and up apart
+            p += "switch_glu."
+            gate = _stacked(w, p + "gate_proj.weight", (experts, inter, hidden))
+            up = _stacked(w, p + "up_proj.weight", (experts, inter, hidden))
+            self.gate_up = _rows_joined(gate, up)
+            self.down = _stacked(w, p + "down_proj.weight", (experts, hidden, inter))
+            return
         self.gate_up = StackedExperts.dense(
             w.take(p + "gate_up_proj", (experts, 2 * inter, hidden))
         )
@@ -80,3 +89,30 @@ class Gemma4Experts(MoEBlock):
             y = self._experts(x[order // k][:, None, :], flat[order], sorted_ids=True)
             y = y[mx.argsort(order)].reshape(tokens, k, -1)
         return (y * weights[..., None]).sum(axis=1).astype(x.dtype)
+
+
+def _stacked(w: WeightReader, name: str, shape: tuple[int, int, int]) -> StackedExperts:
+    """Stacked experts [E, out, in] as the checkpoint keeps them: float, or quantized."""
+    array = w.weights.get(name)
+    if not isinstance(array, Quantized):
+        return StackedExperts.dense(w.take(name, shape))
+    stored = (*array.weight.shape[:2], array.weight.shape[2] * 32 // array.spec.bits)
+    if stored != shape:
+        raise ValueError(f"{name}: checkpoint shape {stored}, model {shape}")
+    w.used.add(name)
+    return StackedExperts(array.weight, array.scales, array.biases, array.spec)
+
+
+def _rows_joined(gate: StackedExperts, up: StackedExperts) -> StackedExperts:
+    """[E, I, H] gate and up as one [E, 2I, H] (quantized rows join as they are: a row's
+    groups run along `in`)."""
+    if gate.spec != up.spec:
+        raise ValueError("gate and up experts quantized differently")
+
+    def join(a: mx.array | None, b: mx.array | None) -> mx.array | None:
+        return None if a is None or b is None else mx.concatenate([a, b], axis=1)
+
+    weight = mx.concatenate([gate.weight, up.weight], axis=1)
+    return StackedExperts(
+        weight, join(gate.scales, up.scales), join(gate.biases, up.biases), gate.spec
+    )

@@ -1,7 +1,8 @@
 """Folders converted by mlx-lm, back to the Hugging Face names and forms the MLX models read.
 
-mlx-lm saves its own modules' parameters. For Qwen3.5 / Qwen3.5-MoE (its VLM wrapper) they sit
-under `language_model.model.` / `language_model.lm_head.`; and its conversion of Qwen3.5,
+mlx-lm saves its own modules' parameters. For Qwen3.5 / Qwen3.5-MoE and Gemma 4 (its VLM
+wrappers) they sit under `language_model.model.` / `language_model.lm_head.` (Gemma 4's
+`switch_glu` experts are read by gemma4_experts.py); and its conversion of Qwen3.5,
 Qwen3.5-MoE and Qwen3-Next moves each delta-net conv1d weight to MLX's conv layout
 [channels, kernel, 1] and stores the (1 + w) norms (decoder layers, final, q/k) as 1 + w. A
 folder with such a conv weight was converted by it, so both are undone (1 + w - 1 is exact for
