@@ -24,64 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from localradix.model_api.recurrent_plan import RecurrentLayout, StepPlan, advance_rows
 from localradix.step import ForwardBatch
-
-
-@dataclass(frozen=True)
-class RecurrentLayout:
-    """The state one request keeps in each linear-attention layer."""
-
-    layers: int  # linear-attention layers
-    conv_channels: int  # q, k and v channels the causal conv runs over
-    conv_kernel: int  # the conv's width (it keeps the last kernel - 1 inputs)
-    heads: int  # value heads (the recurrent state's)
-    key_dim: int
-    value_dim: int
-
-    @classmethod
-    def for_model(cls, config: Any) -> RecurrentLayout | None:
-        """The layout of a `ModelConfig` with gated delta-net layers; None without any."""
-        c = config
-        layers = sum(bool(x) for x in getattr(c, "linear_layers", ()))
-        if not layers:
-            return None
-        keys = c.linear_key_heads * c.linear_key_head_dim
-        values = c.linear_value_heads * c.linear_value_head_dim
-        return cls(
-            layers,
-            2 * keys + values,
-            c.linear_conv_kernel,
-            c.linear_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        )
-
-    def row_bytes(self, dtype: torch.dtype) -> int:
-        """Bytes of one row's state over every layer (conv in `dtype`, recurrent in float32)."""
-        conv = (self.conv_kernel - 1) * self.conv_channels * dtype.itemsize
-        return self.layers * (conv + self.heads * self.key_dim * self.value_dim * 4)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Where one step's requests keep their state and where their tokens lie.
-
-    The causal conv runs over one flat buffer of `ext_len` rows holding, per request, its saved
-    conv inputs then its new tokens' (`state_at`, `token_at`); a token's conv output is the
-    window ending at it (`conv_at`: where the window starts), the request's next conv state the
-    last kernel - 1 rows of its part (`tail_at`). One-token requests (decodes) take one
-    vectorised recurrent step (`single_*`); longer ones run the chunked form one by one
-    (`segments`: request row, first token, token count)."""
-
-    rows: torch.Tensor  # [N] request rows
-    token_at: torch.Tensor  # [T]
-    conv_at: torch.Tensor  # [T]
-    state_at: torch.Tensor  # [N * (kernel - 1)]
-    tail_at: torch.Tensor  # [N * (kernel - 1)]
-    ext_len: int
-    single_rows: torch.Tensor | None  # rows of the one-token requests ...
-    single_tokens: torch.Tensor | None  # ... and their tokens
-    segments: tuple[tuple[int, int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -175,50 +119,9 @@ class RecurrentStates:
 
     def prepare(self, batch: ForwardBatch) -> StepPlan:
         """Check each request continues its row's state, and plan the step (`self.plan`)."""
-        if batch.req_rows is None:
-            raise ValueError("a model with recurrent layers needs each request's row")
-        if batch.num_sampled is not None:
-            raise ValueError("a recurrent state cannot take back rejected draft tokens")
-        rows = batch.req_rows
-        if rows.max(initial=-1) >= len(self.tokens):
-            raise ValueError(f"request row {int(rows.max())} is past the {len(self.tokens)} rows")
-        held, prefix = self.tokens[rows], batch.prefix_lens
-        wrong = np.flatnonzero(held != prefix)
-        if wrong.size:
-            i = int(wrong[0])
-            raise RuntimeError(
-                f"request row {int(rows[i])} holds the state after {int(held[i])} tokens, its "
-                f"step continues after {int(prefix[i])}"
-            )
-        self.tokens[rows] = batch.seq_lens
-        self.plan = self._plan(batch)
+        advance_rows(self.tokens, batch)
+        self.plan = StepPlan.of(batch, self.layout.conv_kernel - 1, self._tensor)
         return self.plan
-
-    def _plan(self, batch: ForwardBatch) -> StepPlan:
-        n, width = batch.num_reqs, self.layout.conv_kernel - 1
-        lens, starts = batch.extend_lens, batch.qo_indptr[:-1]
-        request = np.repeat(np.arange(n, dtype=np.int64), lens)
-        token_at = np.arange(batch.num_tokens, dtype=np.int64) + width * (request + 1)
-        begins = starts + width * np.arange(n, dtype=np.int64)  # each request's part
-        state_at = (begins[:, None] + np.arange(width)).ravel()
-        tail_at = (begins[:, None] + lens[:, None] + np.arange(width)).ravel()
-        single = np.flatnonzero(lens == 1)
-        segments = tuple(
-            (int(batch.req_rows[i]), int(starts[i]), int(lens[i]))  # type: ignore[index]
-            for i in np.flatnonzero(lens > 1)
-        )
-        rows = self._tensor(batch.req_rows)
-        return StepPlan(
-            rows=rows,
-            token_at=self._tensor(token_at),
-            conv_at=self._tensor(token_at - width),
-            state_at=self._tensor(state_at),
-            tail_at=self._tensor(tail_at),
-            ext_len=batch.num_tokens + n * width,
-            single_rows=rows[self._tensor(single)] if single.size else None,
-            single_tokens=self._tensor(starts[single]) if single.size else None,
-            segments=segments,
-        )
 
     def _tensor(self, array: Any) -> torch.Tensor:
         data = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))

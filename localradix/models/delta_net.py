@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localradix.model_api.recurrent_state import RecurrentStates, StepPlan
+from localradix.model_api.recurrent_plan import StepPlan
+from localradix.model_api.recurrent_state import RecurrentStates
 from localradix.models.config import ModelConfig
 
 CHUNK = 64  # tokens per chunk of the chunked form

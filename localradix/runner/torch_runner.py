@@ -12,7 +12,8 @@ import torch
 
 from localradix.model_api.attention import AttentionBackend, get_attention_backend
 from localradix.model_api.kv_layout import KVLayout
-from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates
+from localradix.model_api.recurrent_plan import RecurrentLayout
+from localradix.model_api.recurrent_state import RecurrentStates
 from localradix.runner.base import ModelRunner
 from localradix.runner.kv_budget import kv_tokens_from_memory as kv_tokens_from_memory  # re-export
 from localradix.runner.kv_budget import plan_kv_budget, snapshot_budget

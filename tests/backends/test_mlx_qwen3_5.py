@@ -70,18 +70,19 @@ class _Stepper:
 
     def __init__(self, folder) -> None:
         from localradix.backends.mlx.attention import MLXPagedAttention
-        from localradix.backends.mlx.recurrent_state import MLXRecurrentLayout, MLXRecurrentStates
+        from localradix.backends.mlx.recurrent_state import MLXRecurrentStates
         from localradix.backends.mlx.runner import mlx_lacks, mlx_model_class
         from localradix.backends.mlx.weights import load_weights
         from localradix.loader import resolve_model
         from localradix.model_api.kv_layout import KVLayout
+        from localradix.model_api.recurrent_plan import RecurrentLayout
 
         config, weights = load_weights(resolve_model(str(folder)))
         assert mlx_lacks(config) == []
         self.model = mlx_model_class(config)(config, weights, mx.float32)
         layout = KVLayout.for_model(config, "float32").with_slots(1024)
         self.attn = MLXPagedAttention(layout, mx.float32)
-        state_layout = MLXRecurrentLayout.for_model(config)
+        state_layout = RecurrentLayout.for_model(config)
         assert state_layout is not None
         self.states = MLXRecurrentStates(state_layout, 4, mx.float32, budget=1 << 20)
         self.tables: dict[int, list[int]] = {}
@@ -133,7 +134,7 @@ def test_logits_match_transformers_over_chunks_batches_and_restored_states(dense
     _close(got[1], want_b[4:5])
     # a snapshot of b continues exactly like b in another row, and so does its bytes' copy
     handle, nbytes = states.save(1)
-    assert nbytes == states.layout.row_bytes(mx.float32) and states.live == 1
+    assert nbytes == states.layout.row_bytes(mx.float32.size) and states.live == 1
     adopted, _ = states.adopt(states.export(handle), 5)
     states.restore(2, handle)
     states.restore(3, adopted)
@@ -379,7 +380,7 @@ def test_bfloat16_runs_and_caches(dense):
         assert _tokens(again) == _tokens(first) and again[1].cached_tokens >= 64
         states = engine.core.scheduler.runner.snapshots
         handle, nbytes = states.save(0)
-        assert len(states.export(handle)) == nbytes == states.layout.row_bytes(mx.bfloat16)
+        assert len(states.export(handle)) == nbytes == states.layout.row_bytes(mx.bfloat16.size)
         states.release(handle)
         engine.check_invariants(idle=True)
 

@@ -128,7 +128,8 @@ class _Stepper:
     def __init__(self, folder) -> None:
         from localradix.loader.model_loader import load_model
         from localradix.model_api.attention import get_attention_backend
-        from localradix.model_api.recurrent_state import RecurrentLayout, RecurrentStates
+        from localradix.model_api.recurrent_plan import RecurrentLayout
+        from localradix.model_api.recurrent_state import RecurrentStates
 
         self.model, config = load_model(str(folder), "float32", "cpu")
         backend = get_attention_backend("torch_native")
@@ -189,7 +190,7 @@ def test_logits_match_transformers_over_chunks_batches_and_restored_states(qwen)
     close(got[1], want_b[6:7])
     # a snapshot of b, restored into another row, continues exactly like b
     handle, nbytes = states.save(1)
-    assert nbytes == states.layout.row_bytes(torch.float32) and states.live == 1
+    assert nbytes == states.layout.row_bytes(torch.float32.itemsize) and states.live == 1
     states.restore(2, handle)
     stepper.tables[2] = list(stepper.tables[1])
     got = stepper.step({2: b[7:40]})
@@ -333,7 +334,7 @@ def test_shared_system_prompt_and_multi_turn_chat_resume_from_snapshots(qwen, re
             assert states is not None and states.live == stats.snapshots
             if not cache_off:
                 assert stats.snapshot_hits >= 7
-            per = states.layout.row_bytes(torch.float32)
+            per = states.layout.row_bytes(torch.float32.itemsize)
             assert stats.snapshot_bytes <= states.budget and stats.snapshots <= states.budget // per
             assert engine.flush_cache()
             assert states.live == 0

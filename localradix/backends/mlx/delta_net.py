@@ -16,7 +16,8 @@ import mlx.core as mx
 
 from localradix.backends.mlx.quant import Dense, Linear, Quantized, fuse
 from localradix.backends.mlx.reader import WeightReader
-from localradix.backends.mlx.recurrent_state import MLXRecurrentStates, StepPlan
+from localradix.backends.mlx.recurrent_state import MLXRecurrentStates
+from localradix.model_api.recurrent_plan import StepPlan
 from localradix.models.config import ModelConfig
 
 CHUNK = 64  # tokens per chunk of the chunked form

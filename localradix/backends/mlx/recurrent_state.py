@@ -21,62 +21,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from localradix.model_api.recurrent_plan import RecurrentLayout, StepPlan, advance_rows
 from localradix.step import ForwardBatch
-
-
-@dataclass(frozen=True)
-class MLXRecurrentLayout:
-    """The state one request keeps in each linear-attention layer."""
-
-    layers: int
-    conv_channels: int  # q, k and v channels the causal conv runs over
-    conv_kernel: int
-    heads: int  # value heads
-    key_dim: int
-    value_dim: int
-
-    @classmethod
-    def for_model(cls, c: Any) -> MLXRecurrentLayout | None:
-        """The layout of a `ModelConfig` with gated delta-net layers; None without any."""
-        layers = sum(bool(x) for x in getattr(c, "linear_layers", ()))
-        if not layers:
-            return None
-        keys = c.linear_key_heads * c.linear_key_head_dim
-        channels = 2 * keys + c.linear_value_heads * c.linear_value_head_dim
-        return cls(
-            layers,
-            channels,
-            c.linear_conv_kernel,
-            c.linear_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        )
-
-    def row_bytes(self, dtype: mx.Dtype) -> int:
-        """One row's state over every layer (conv in `dtype`, recurrent in float32)."""
-        conv = (self.conv_kernel - 1) * self.conv_channels * dtype.size
-        return self.layers * (conv + self.heads * self.key_dim * self.value_dim * 4)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Where a step's requests keep their state and where their tokens lie (as on torch).
-
-    The conv runs over one flat buffer of `ext_len` rows: per request, its saved conv inputs
-    (`state_at`) then its new tokens (`token_at`); token t's window starts at `conv_at[t]`, and
-    the request's next conv state is the last kernel - 1 rows of its part (`tail_at`).
-    One-token requests take one batched recurrent step (`single_*`), longer ones the chunked
-    form one by one (`segments`: row, first token, token count)."""
-
-    rows: mx.array  # [N]
-    token_at: mx.array  # [T]
-    conv_at: mx.array  # [T]
-    state_at: mx.array  # [N * (kernel - 1)]
-    tail_at: mx.array  # [N * (kernel - 1)]
-    ext_len: int
-    single_rows: mx.array | None
-    single_tokens: mx.array | None
-    segments: tuple[tuple[int, int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -95,7 +41,7 @@ class MLXRecurrentStates:
     """`conv[layer]` [rows, kernel - 1, channels], `recurrent[layer]` [rows, heads, key_dim,
     value_dim] float32, the current step's `plan`, and snapshots of rows."""
 
-    def __init__(self, layout: MLXRecurrentLayout, rows: int, dtype: mx.Dtype, budget: int):
+    def __init__(self, layout: RecurrentLayout, rows: int, dtype: mx.Dtype, budget: int):
         self.layout, self.budget, self.dtype = layout, budget, dtype
         conv = (rows, layout.conv_kernel - 1, layout.conv_channels)
         recurrent = (rows, layout.heads, layout.key_dim, layout.value_dim)
@@ -169,43 +115,6 @@ class MLXRecurrentStates:
 
     def prepare(self, batch: ForwardBatch) -> StepPlan:
         """Check each request continues its row's state, and plan the step (`self.plan`)."""
-        if batch.req_rows is None:
-            raise ValueError("a model with recurrent layers needs each request's row")
-        if batch.num_sampled is not None:
-            raise ValueError("a recurrent state cannot take back rejected draft tokens")
-        rows = batch.req_rows
-        if rows.max(initial=-1) >= len(self.tokens):
-            raise ValueError(f"request row {int(rows.max())} is past the {len(self.tokens)} rows")
-        held, prefix = self.tokens[rows], batch.prefix_lens
-        wrong = np.flatnonzero(held != prefix)
-        if wrong.size:
-            i = int(wrong[0])
-            raise RuntimeError(
-                f"request row {int(rows[i])} holds the state after {int(held[i])} tokens, its "
-                f"step continues after {int(prefix[i])}"
-            )
-        self.tokens[rows] = batch.seq_lens
-        self.plan = _plan(batch, rows, self.layout.conv_kernel - 1)
+        advance_rows(self.tokens, batch)
+        self.plan = StepPlan.of(batch, self.layout.conv_kernel - 1, _ints)
         return self.plan
-
-
-def _plan(batch: ForwardBatch, rows: np.ndarray, width: int) -> StepPlan:
-    n, lens, starts = batch.num_reqs, batch.extend_lens, batch.qo_indptr[:-1]
-    request = np.repeat(np.arange(n, dtype=np.int64), lens)
-    token_at = np.arange(batch.num_tokens, dtype=np.int64) + width * (request + 1)
-    begins = starts + width * np.arange(n, dtype=np.int64)  # each request's part
-    state_at = (begins[:, None] + np.arange(width)).ravel()
-    tail_at = (begins[:, None] + lens[:, None] + np.arange(width)).ravel()
-    single = np.flatnonzero(lens == 1)
-    segments = tuple((int(rows[i]), int(starts[i]), int(lens[i])) for i in np.flatnonzero(lens > 1))
-    return StepPlan(
-        rows=_ints(rows),
-        token_at=_ints(token_at),
-        conv_at=_ints(token_at - width),
-        state_at=_ints(state_at),
-        tail_at=_ints(tail_at),
-        ext_len=batch.num_tokens + n * width,
-        single_rows=_ints(rows[single]) if single.size else None,
-        single_tokens=_ints(starts[single]) if single.size else None,
-        segments=segments,
-    )

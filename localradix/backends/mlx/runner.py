@@ -21,14 +21,12 @@ import psutil
 from localradix.backends.mlx.attention import MLXPagedAttention
 from localradix.backends.mlx.kv_transfer import MLXKVTransfer
 from localradix.backends.mlx.model import MLXDecoderForCausalLM
-from localradix.backends.mlx.recurrent_state import (
-    MLXRecurrentLayout,
-    MLXRecurrentStates,
-)
+from localradix.backends.mlx.recurrent_state import MLXRecurrentStates
 from localradix.backends.mlx.sampler import sample
 from localradix.backends.mlx.weights import load_weights
 from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
+from localradix.model_api.recurrent_plan import RecurrentLayout
 from localradix.models.config import ModelConfig
 from localradix.models.registry import is_supported
 from localradix.runner.base import ModelRunner
@@ -166,7 +164,7 @@ class MLXRunner(ModelRunner):
 def _recurrent_states(
     config: ModelConfig, args: RunnerConfig, dtype: mx.Dtype
 ) -> MLXRecurrentStates | None:
-    layout = MLXRecurrentLayout.for_model(config)
+    layout = RecurrentLayout.for_model(config)
     if layout is None:
         return None
     rows = args.max_running_requests + 2  # the scheduler's request-table rows
