@@ -67,6 +67,21 @@ def check_family(folder, hf, prompts, new: int, chunk: int, longer_than: int = 0
         longer = [p + r[:k] for p, r in zip(prompts, refs, strict=True)]
         assert _tokens(engine.generate(longer, _greedy(8))) == [r[k:] for r in refs]
         engine.check_invariants(idle=True)
+    check_retraction(folder, hf, prompts, new)
+
+
+def check_retraction(folder, hf, prompts, new: int, backend: str = "mlx") -> None:
+    """A pool that holds the longest request but not the batch: decode retracts some requests
+    and resumes them, with the same tokens."""
+    pool = max(len(p) for p in prompts) + new + 4
+    assert sum(len(p) + new for p in prompts) > pool  # (else nothing would be retracted)
+    args = {"dtype": "float32", "max_total_tokens": pool, "new_token_ratio": 0.05}
+    with Engine(str(folder), backend=backend, **args) as engine:
+        assert _tokens(engine.generate(prompts, _greedy(new))) == [
+            hf_greedy(hf, p, new) for p in prompts
+        ]
+        assert engine.stats().retractions > 0
+        engine.check_invariants(idle=True)
 
 
 def _hf_logprobs(hf, prompt: list[int], tokens: list[int]) -> list[float]:

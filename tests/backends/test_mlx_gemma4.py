@@ -14,6 +14,7 @@ import pytest
 from localradix import Engine, SamplingParams
 
 from .conftest import VOCAB, hf_greedy, load_test_module, random_prompts, requires_mlx
+from .test_mlx_families import check_retraction
 
 pytestmark = requires_mlx
 transformers = pytest.importorskip("transformers")
@@ -159,6 +160,7 @@ def test_matches_transformers(gemma):
     _alone_batched_cached(*gemma, lengths=(5, 17, 30, 24, 3))
     _chunked(*gemma)
     _shared_prefix(*gemma)
+    check_retraction(*gemma, random_prompts(2, (20, 35, 12)), 10)
 
 
 def test_moe_matches_transformers(gemma_moe):
