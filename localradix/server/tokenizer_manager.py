@@ -50,8 +50,10 @@ class Job:
         embed: Embed | None = None,
         constraint_param: str | None = None,
         output: ChatOutputSpec | None = None,
+        pins: tuple[CachePin, ...] = (),
     ) -> None:
         self.manager = manager
+        self.pins = pins  # prefixes its prompt keeps cached (Anthropic cache_control)
         self.rid = rid
         self.prompts = prompts
         self.params = params
@@ -298,7 +300,7 @@ class TokenizerManager:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": "1"},
             )
-        job = Job(self, self.new_rid(), prompts, params, embed, constraint_param, output)
+        job = Job(self, self.new_rid(), prompts, params, embed, constraint_param, output, pins)
         requests = job.tracker.engine_requests(pins, require_cached_tokens)
         self.client.send(requests)  # no output arrives before we yield
         for choice in job.choices:

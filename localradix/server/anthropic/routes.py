@@ -29,8 +29,6 @@ from localradix.server.core.gather import Gathered, answer
 from localradix.server.core.http import error_handler, json_response, state
 from localradix.server.core.jobs import chat_job, chat_text, encode_prompt
 from localradix.server.errors import APIError
-from localradix.server.protocol import ChatCompletionRequest
-from localradix.server.tokenizer_manager import TokenizerManager
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000  # models a page of Anthropic's model list
 
@@ -45,20 +43,13 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
     manager = await state(request).manager_for(request, body.model)
     req = chat_request(manager, body)
-    pins = await _pins(manager, body, req)
-    job = await chat_job(manager, req, pins=pins)
-    model = str(req.model)
+    marks = breakpoints(body)
+    job = await chat_job(
+        manager, req, pins_for=partial(cache_pins, manager, marks) if marks else None
+    )
+    model, pins = str(req.model), job.pins
     events = partial(message_events, job, model, pins) if body.stream else None
     return await answer(request, job, events, partial(_message, model=model, pins=pins))
-
-
-async def _pins(
-    manager: TokenizerManager, body: MessagesRequest, req: ChatCompletionRequest
-) -> tuple[CachePin, ...]:
-    marks = breakpoints(body)
-    if not marks:
-        return ()
-    return await cache_pins(manager, marks, await encode_prompt(manager, chat_text(manager, req)))
 
 
 def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict[str, Any]:

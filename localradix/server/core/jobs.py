@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -195,13 +195,14 @@ async def chat_job(
     manager: TokenizerManager,
     req: ChatCompletionRequest,
     continues: Sequence[int] = (),
-    pins: tuple[CachePin, ...] = (),
+    pins_for: Callable[[list[int]], Awaitable[tuple[CachePin, ...]]] | None = None,
     context: Sequence[int] = (),
 ) -> Job:
     """The request's job; `continues`: an earlier prompt+output this prompt continues (Responses'
-    previous_response_id), whose shared prefix must be served from the radix cache; `pins`:
-    prefixes to keep cached (Anthropic cache_control); `context`: token ids the rendered prompt
-    follows (Ollama's generate `context`), served from the cache where it still holds them."""
+    previous_response_id), whose shared prefix must be served from the radix cache; `pins_for`:
+    the prefixes of the prompt's ids to keep cached (Anthropic cache_control: the prompt is
+    rendered and tokenized once, here); `context`: token ids the rendered prompt follows
+    (Ollama's generate `context`), served from the cache where it still holds them."""
     check_model(manager, req.model)
     constraint, constraint_param = request_constraint(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -224,6 +225,7 @@ async def chat_job(
     )
     kept = manager.kept_special_ids(output.tool_parser, output.reasoning_parser)
     params = params.replace(kept_special_ids=kept)
+    pins = await pins_for(ids) if pins_for is not None else ()
     continued = cached_continuation(ids, continues)
     return manager.submit([ids], params, pins, continued, None, constraint_param, output)
 
