@@ -1,7 +1,9 @@
 """Random workloads on a tiny hybrid model (Qwen3.5's gated delta-net beside attention) under a
 small KV pool and a small snapshot budget: shared prefixes, aborts, eviction, retraction.
 
-Every request that runs to its end gives llama.cpp's own single-sequence greedy tokens; when the
+Every request that runs to its end gives llama.cpp's own single-sequence greedy tokens (up to a
+tie: where llama.cpp's top two logits are within `conftest.TIE`, a batched step's rounding may
+choose the other, and the rest follows from it); when the
 engine is idle, the scheduler's checks hold (pool + tree + llama.cpp's cells agree, the runner
 holds exactly the tree's snapshots), and after a flush no cell, snapshot or spare sequence id
 is left behind.
@@ -20,7 +22,7 @@ from localradix.config import ServerArgs
 from localradix.messages import GenerateRequest
 from localradix.sampling_params import SamplingParams
 
-from .conftest import THREADS, Greedy, requires_llama_cpp
+from .conftest import THREADS, Reference, requires_llama_cpp
 
 pytestmark = [pytest.mark.slow, requires_llama_cpp]
 
@@ -50,7 +52,7 @@ def model(gguf_path: Callable[[str], Path]) -> str:
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(work=workloads(), pool=st.sampled_from([160, 600]), chunk=st.sampled_from([0, 16]))
 def test_random_workloads_give_llama_cpp_tokens_and_leak_nothing(
-    model: str, llama_cpp_greedy: Greedy, work, pool: int, chunk: int
+    model: str, llama_cpp_reference: Callable[..., Reference], work, pool: int, chunk: int
 ) -> None:
     from localradix.engine.core import EngineCore
 
@@ -76,7 +78,8 @@ def test_random_workloads_give_llama_cpp_tokens_and_leak_nothing(
         core.close()
     for i, (_, prompt, abort) in enumerate(work):
         if abort is None:
-            assert got[str(i)] == llama_cpp_greedy(FAMILY, prompt, NEW), f"request {i}"
+            reference = llama_cpp_reference(FAMILY, prompt, NEW)
+            assert reference.agrees(got[str(i)]), f"request {i}: {got[str(i)]} vs {reference}"
 
 
 def _serve(core, work) -> dict[str, tuple[int, ...]]:
