@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 
-from localradix.backends.mlx.moe import SORT_FROM, MoEBlock, StackedExperts
+from localradix.backends.mlx.moe import MoEBlock, StackedExperts
 from localradix.backends.mlx.quant import Quantized
 from localradix.backends.mlx.reader import WeightReader
 from localradix.models.config import ModelConfig
@@ -79,16 +79,7 @@ class Gemma4Experts(MoEBlock):
     def __call__(self, x: mx.array, routed: mx.array | None = None) -> mx.array:
         """x [T, H] (pre-normed) through the experts that `routed` (the residual; default x)
         picks -> [T, H]."""
-        weights, ids = self.route(x if routed is None else routed)
-        tokens, k = ids.shape
-        if ids.size < SORT_FROM:  # each token's row against its k experts: [T, k, 1, H]
-            y = self._experts(x[:, None, None, :], ids, sorted_ids=False)[:, :, 0]
-        else:  # (token, expert) pairs grouped by expert, then put back in order
-            flat = ids.flatten()
-            order = mx.argsort(flat)
-            y = self._experts(x[order // k][:, None, :], flat[order], sorted_ids=True)
-            y = y[mx.argsort(order)].reshape(tokens, k, -1)
-        return (y * weights[..., None]).sum(axis=1).astype(x.dtype)
+        return self.combine(x, *self.route(x if routed is None else routed))
 
 
 def _stacked(w: WeightReader, name: str, shape: tuple[int, int, int]) -> StackedExperts:

@@ -134,7 +134,10 @@ class MoEBlock:
 
     def __call__(self, x: mx.array) -> mx.array:
         """x [T, H] (post-attention-normed) -> [T, H]."""
-        weights, ids = self.route(x)
+        return self.combine(x, *self.route(x))
+
+    def combine(self, x: mx.array, weights: mx.array, ids: mx.array) -> mx.array:
+        """x [T, H] through each token's experts `ids` [T, k], summed by `weights` -> [T, H]."""
         tokens, k = ids.shape
         if ids.size < SORT_FROM:  # each token's row against its k experts: [T, k, 1, H]
             y = self._experts(x[:, None, None, :], ids, sorted_ids=False)[:, :, 0]
