@@ -15,6 +15,7 @@ and only the probes of torch backends import torch, when they run.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 from collections.abc import Iterable
@@ -339,6 +340,10 @@ def build_runner(args: ServerArgs, source: ModelSource) -> BuiltRunner:
 
     settings = RunnerConfig.from_args(resolved.args)  # what the runner reads, taken once
     runner, config = choice.spec.create_runner(settings, source, target)
+    cap = runner.max_running_requests  # a runner holding fewer request rows lowers the limit
+    if cap is not None and cap < resolved.args.max_running_requests:
+        args = resolved.args.replace(max_running_requests=cap)
+        resolved = dataclasses.replace(resolved, args=args)
     return BuiltRunner(runner, config, target, choice.spec, resolved)
 
 

@@ -101,6 +101,9 @@ class ModelRunner(ABC):
     # Copies KV slots to host memory and back, for the cache tiers below the radix tree (host
     # memory, disk); None where the runner cannot (the tiers are then off).
     kv_transfer: KVTransfer | None = None
+    # The most requests it can run at once, where it holds fewer request rows than asked for
+    # (`build_runner` lowers --max-running-requests to it); None: as many as asked.
+    max_running_requests: int | None = None
 
     @property
     def kv_bytes(self) -> int | None:

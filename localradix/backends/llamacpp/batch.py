@@ -2,7 +2,8 @@
 
 `llama_batch_init` allocates one seq-id array per token; here every token's seq-id pointer
 points into one int32 buffer, so the sequence of each token is set with one numpy assignment.
-Each token carries exactly one sequence id (requests never share a token in a batch).
+Each token carries its request's sequence id (requests never share a token in a batch), and,
+with `twin_offset`, that sequence's twin too (`swa_twins.py`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ import numpy as np
 
 
 class LlamaBatch:
-    def __init__(self, llama: Any, capacity: int) -> None:
+    def __init__(self, llama: Any, capacity: int, twin_offset: int = 0) -> None:
         self.capacity = capacity
+        self.twin_offset = twin_offset
+        width = 2 if twin_offset else 1
         self.tokens = np.zeros(capacity, dtype=np.int32)
         self.positions = np.zeros(capacity, dtype=np.int32)
-        self.seq_ids = np.zeros(capacity, dtype=np.int32)
-        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros((capacity, width), dtype=np.int32)
+        self.n_seq_id = np.full(capacity, width, dtype=np.int32)
         self.logits = np.zeros(capacity, dtype=np.int8)
         seq_type = ctypes.POINTER(llama.llama_seq_id)
         base = self.seq_ids.ctypes.data
         self._seq_ptrs = (seq_type * capacity)(
-            *(ctypes.cast(base + 4 * i, seq_type) for i in range(capacity))
+            *(ctypes.cast(base + 4 * width * i, seq_type) for i in range(capacity))
         )
         self.struct = llama.llama_batch(
             n_tokens=0,
@@ -45,7 +48,9 @@ class LlamaBatch:
             raise ValueError(f"a step of {n} tokens exceeds the batch capacity {self.capacity}")
         self.tokens[:n] = tokens
         self.positions[:n] = positions
-        self.seq_ids[:n] = seq_ids
+        self.seq_ids[:n, 0] = seq_ids
+        if self.twin_offset:
+            self.seq_ids[:n, 1] = seq_ids + self.twin_offset
         self.logits[:n] = 0
         self.logits[outputs] = 1
         self.struct.n_tokens = n

@@ -9,7 +9,8 @@ one `llama_decode` runs each step's mixed batch of prefill chunks and decodes.
 Any architecture llama.cpp loads runs here: the runner reads what the scheduler needs from
 llama.cpp itself. Models with recurrent layers (hybrid or pure) also keep snapshots of their
 recurrent state at radix nodes (`LlamaStates`); sliding-window models keep every cell
-(`swa_full`), so any cached prefix stays reusable.
+(`swa_full`) and tag each with a twin sequence too (`swa_twins.py`), so that llama.cpp never
+reuses a cached cell that has slid out of its sequence's window.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
 from localradix.backends.llamacpp.kv_transfer import LlamaKVTransfer, save_state
 from localradix.backends.llamacpp.seq_map import SeqMap
 from localradix.backends.llamacpp.states import LlamaStates
+from localradix.backends.llamacpp.swa_twins import TwinnedMemory
 from localradix.loader.llama_openmp import settle_openmp
 from localradix.model_api.kv_layout import KVLayout
 from localradix.models.config import ModelConfig
@@ -109,16 +111,18 @@ class LlamaCppRunner(ModelRunner):
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
         # Non-SWA KV can go to the cache tiers, through one spare sequence. SWA KV cannot:
         # llama.cpp writes a sequence's SWA cells only within its last position's window
-        # (`state_write`) and reuses cells outside their one owner's (`find_slot`, swa_full
-        # or not), so the older SWA K/V an exact hit needs is not there to export.
+        # (`state_write`), so the older SWA K/V an exact hit needs is not exported.
         self.tiers_kv = int(llama.llama_model_n_swa(self.model)) == 0
+        self.twins = not self.tiers_kv and not self.recurrent
         if self.recurrent:  # llama.cpp allocates a recurrent state per sequence id
             self.n_seq = min(self.n_seq, 2 * rows + self.tiers_kv)
-        mapped = self.n_seq - 1 if self.tiers_kv else self.n_seq
-        if 2 * rows > mapped:
-            raise ValueError(
-                f"--max-running-requests {args.max_running_requests} is too many for llama.cpp's "
-                f"{mapped} sequences: use at most {mapped // 2 - 2}"
+        mapped = self.n_seq - 1 if self.tiers_kv else self.n_seq // (1 + self.twins)
+        self.max_running_requests = min(args.max_running_requests, mapped // 2 - 2)
+        if self.max_running_requests < args.max_running_requests:
+            why = "twinned for sliding windows" if self.twins else "a row and a ghost each"
+            lowered = (mapped, why, args.max_running_requests, self.max_running_requests)
+            logger.warning(
+                "llama.cpp's %d sequence ids (%s): --max-running-requests %d -> %d", *lowered
             )
         self.kv_budget = self._kv_budget(args, target.dtype)
         self.kv_capacity = self.kv_budget.tokens
@@ -130,10 +134,12 @@ class LlamaCppRunner(ModelRunner):
         self.ctx = _new_context(llama, self.model, self._context_params(args, target, max_batch))
         self.memory = llama.llama_get_memory(self.ctx)
         # llama.cpp caps a batch at the context size: read back what it settled on.
-        self.batch = LlamaBatch(llama, int(llama.llama_n_batch(self.ctx)))
+        twin_offset = mapped if self.twins else 0
+        self.batch = LlamaBatch(llama, int(llama.llama_n_batch(self.ctx)), twin_offset)
         self._logits = np.zeros((self.max_outputs, self.n_vocab), dtype=np.float32)
         max_len = min(args.context_length or self.config.max_position_embeddings, self.kv_capacity)
-        self.seqs = SeqMap(self, self.kv_capacity + 1, mapped, max_len + 2)
+        memory = TwinnedMemory(self, twin_offset) if self.twins else self
+        self.seqs = SeqMap(memory, self.kv_capacity + 1, mapped, max_len + 2)
         self.states: LlamaStates | None = None
         if self.recurrent:
             budget = snapshot_budget(args.snapshot_mib)
@@ -187,6 +193,9 @@ class LlamaCppRunner(ModelRunner):
             got = (self._pos_min(seq), self._pos_max(seq))
             if self.states is None and got != (lo, hi):
                 raise AssertionError(f"sequence {seq}: llama.cpp holds {got}, the map ({lo}, {hi})")
+            twin = seq + self.batch.twin_offset
+            if self.twins and (self._pos_min(twin), self._pos_max(twin)) != got:
+                raise AssertionError(f"sequence {seq}'s twin holds other cells than {got}")
 
     def close(self) -> None:
         """Free llama.cpp's context and model (the KV cache and weights' buffers)."""
