@@ -40,3 +40,25 @@ def test_what_is_not_one_plain_stream_is_refused():
     two_streams = blob[:8] + (2).to_bytes(4, "little") + blob[12:]
     with pytest.raises(BlobError, match="more than one KV stream"):
         CellLayout.parse(two_streams)
+
+
+def test_a_sliding_window_blob_carries_both_parts_in_each_row():
+    """Full-attention layers' cells, then the sliding-window layers' (the same positions)."""
+    rng = np.random.default_rng(1)
+    swa = CellLayout(MAGIC, False, (1,), (16,), (1,), (16,))
+    layout = CellLayout(MAGIC, False, (1, 1), (8, 8), (1, 1), (8, 8), then=swa)
+    assert layout.bytes_per_token == 32 + 32
+    positions = np.arange(10, 14, dtype=np.int64)
+    rows = rng.integers(0, 256, (4, layout.bytes_per_token), dtype=np.uint8)
+    blob = layout.build(positions, [rows[:1], rows[1:]], seq=3).tobytes()
+    parsed, got_positions, got_rows = CellLayout.parse(blob)
+    assert parsed == layout
+    assert np.array_equal(got_positions, positions) and np.array_equal(got_rows, rows)
+    # The sliding-window part starts after the full part: its K is the row's bytes 32..48.
+    assert blob.find(rows[0, 32:48].tobytes()) > blob.find(rows[3, 16:24].tobytes()) > 0
+    full = CellLayout(MAGIC, False, (1, 1), (8, 8), (1, 1), (8, 8))
+    alone = full.build(positions, rows[:, :32], seq=3).tobytes()
+    assert blob.startswith(alone) and len(blob) > len(alone)  # the full part comes first
+    shifted = swa.build(positions + 1, rows[:, 32:], seq=3).tobytes()[8:]  # past magic and id
+    with pytest.raises(BlobError, match="other cells"):
+        CellLayout.parse(alone + shifted)

@@ -40,15 +40,22 @@ class LlamaBatch:
         )
 
     def fill(
-        self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seq_ids: np.ndarray,
+        outputs: np.ndarray,
+        twinned: bool = True,
     ) -> None:
-        """Set the batch to these tokens; `outputs` indexes the tokens whose logits are read."""
+        """Set the batch to these tokens; `outputs` indexes the tokens whose logits are read
+        (`twinned` False: the tokens name their sequence alone, a spare one without a twin)."""
         n = len(tokens)
         if n > self.capacity:
             raise ValueError(f"a step of {n} tokens exceeds the batch capacity {self.capacity}")
         self.tokens[:n] = tokens
         self.positions[:n] = positions
         self.seq_ids[:n, 0] = seq_ids
+        self.n_seq_id[:n] = 2 if self.twin_offset and twinned else 1
         if self.twin_offset:
             self.seq_ids[:n, 1] = seq_ids + self.twin_offset
         self.logits[:n] = 0

@@ -6,20 +6,23 @@ sequence count (1), the cell's extension when the model has one (M-RoPE's 2D pos
 token id: `ext` bytes) and that sequence id, then `v_trans` and the layer count, every layer's K
 type, row size and n rows, and every layer's V likewise (or, with `v_trans`, its type, element
 size and width followed by the n cells' elements of each V column). A hybrid model's blob holds
-this attention part first, its recurrent part after (stripped by the caller). The cache tiers
+this attention part first, its recurrent part after (stripped by the caller). A sliding-window
+model's blob holds two such parts after the head, from the stream count on: its full-attention
+layers' cells, then its sliding-window layers' (the same positions: `then`). The cache tiers
 store KV token by token, so a cell becomes one row: its extension, its K of every layer, then
-its V of every layer. The layout (types, row sizes, extension) is learned once from a blob
+its V of every layer (then the second part's K and V). The layout (types, row sizes, extension) is learned once from a blob
 llama.cpp wrote itself (`CellLayout.learn`), never assumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 EXT_BYTES = (0, 12)  # sizes of llama_kv_cell_ext a cell may carry: none, or (x, y, token)
+PART_HEAD = 16  # a KV part's stream count, cell count, v_trans and layer count
 
 
 def cell_meta(ext: int) -> np.dtype:
@@ -40,10 +43,16 @@ class CellLayout:
     v_rows: tuple[int, ...]  # bytes of one cell's V, per layer
     v_elems: tuple[tuple[int, int], ...] = ()  # (element size, width) per layer with v_trans
     ext: int = 0  # bytes of each cell's extension (M-RoPE position, token id), kept in its row
+    then: CellLayout | None = None  # the sliding-window layers' part, where the model has one
 
     @property
     def bytes_per_token(self) -> int:
-        return self.ext + sum(self.k_rows) + sum(self.v_rows)
+        return self.ext + self.kv_bytes + (self.then.kv_bytes if self.then else 0)
+
+    @property
+    def kv_bytes(self) -> int:
+        """One cell's K and V bytes in this part."""
+        return sum(self.k_rows) + sum(self.v_rows)
 
     @classmethod
     def learn(cls, blob: bytes | memoryview) -> CellLayout:
@@ -65,6 +74,22 @@ class CellLayout:
         cells carry `ext` bytes of extension."""
         reader = _Reader(blob)
         magic, seq = reader.u32(), reader.i32()
+        layout, meta, parts = cls._part(reader, magic, seq, ext)
+        if reader.left >= PART_HEAD:  # a sliding-window part: the same cells, its own layers
+            then, then_meta, more = cls._part(reader, magic, seq, ext)
+            if not np.array_equal(then_meta, meta):
+                raise BlobError("the sliding-window part holds other cells than the full part")
+            layout = replace(layout, then=then)
+            parts = parts + more[1:]
+        if not reader.done:
+            raise BlobError(f"{reader.left} bytes past the end of the KV state")
+        return layout, meta["pos"].astype(np.int64), np.concatenate(parts, axis=1)
+
+    @classmethod
+    def _part(
+        cls, reader: _Reader, magic: int, seq: int, ext: int
+    ) -> tuple[CellLayout, np.ndarray, list[np.ndarray]]:
+        """One KV cache's part of a blob: (its layout, its cells' meta, [ext, K..., V...])."""
         if reader.u32() != 1:
             raise BlobError("more than one KV stream (a non-unified cache)")
         n = reader.u32()
@@ -89,13 +114,11 @@ class CellLayout:
             else:
                 v_rows.append(reader.u64())
                 parts.append(reader.array(np.uint8, n * v_rows[-1]).reshape(n, v_rows[-1]))
-        if not reader.done:
-            raise BlobError(f"{reader.left} bytes past the end of the KV state")
         layout = cls(
             magic, bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows),
             tuple(v_elems), ext,
         )  # fmt: skip
-        return layout, meta["pos"].astype(np.int64), np.concatenate(parts, axis=1)
+        return layout, meta, parts
 
     def build(
         self, positions: np.ndarray, rows: np.ndarray | Sequence[np.ndarray], seq: int = 0
@@ -103,16 +126,27 @@ class CellLayout:
         """The blob (uint8) of cells at `positions` holding `rows` (what `parse` returns, or
         consecutive parts of it), written in place: per layer, one strided copy per part."""
         parts = [rows] if isinstance(rows, np.ndarray) else list(rows)
-        n, layers = len(positions), len(self.k_rows)
-        meta = np.zeros(n, dtype=cell_meta(self.ext))
-        size = 24 + meta.nbytes + 12 * 2 * layers + n * (self.bytes_per_token - self.ext)
-        writer = _Writer(np.empty(size, dtype=np.uint8))
+        meta = np.zeros(len(positions), dtype=cell_meta(self.ext))
         meta["pos"], meta["n_seq"], meta["seq"] = positions, 1, seq
         if self.ext:
             meta["ext"] = np.concatenate([part[:, : self.ext] for part in parts])
-        writer.put(_u32(self.magic), _i32(seq), _u32(1), _u32(n), meta.tobytes())
-        writer.put(_u32(int(self.v_trans)), _u32(layers))
+        layouts = [self] if self.then is None else [self, self.then]
+        size = 8 + sum(part._size(meta) for part in layouts)
+        writer = _Writer(np.empty(size, dtype=np.uint8))
+        writer.put(_u32(self.magic), _i32(seq))
         col = self.ext
+        for part in layouts:
+            col = part._write(writer, meta, parts, col)
+        assert writer.pos == size
+        return writer.out
+
+    def _size(self, meta: np.ndarray) -> int:
+        return 16 + meta.nbytes + 12 * 2 * len(self.k_rows) + len(meta) * self.kv_bytes
+
+    def _write(self, writer: _Writer, meta: np.ndarray, parts: list[np.ndarray], col: int) -> int:
+        """This part's cells, K and V (from byte `col` of each row on); the column after."""
+        writer.put(_u32(1), _u32(len(meta)), meta.tobytes())
+        writer.put(_u32(int(self.v_trans)), _u32(len(self.k_rows)))
         for k_type, width in zip(self.k_types, self.k_rows):
             writer.put(_i32(k_type), _u64(width))
             writer.rows(parts, col, width)
@@ -126,8 +160,7 @@ class CellLayout:
                 writer.put(_i32(v_type), _u64(width))
                 writer.rows(parts, col, width)
             col += width
-        assert writer.pos == size
-        return writer.out
+        return col
 
 
 class _Writer:

@@ -12,8 +12,10 @@ recurrent part is always the empty state's (`LlamaStates.kept` detaches it aroun
 edit), so `tail` (that empty part) is cut off a blob read and appended to one written: loading
 it leaves `scratch` no state. The request's state comes back on its own (`LlamaStates.adopt`).
 A pure recurrent model has no cells (`layout` None): its rows are empty, and only the map moves.
-Sliding-window models do not qualify (see `LlamaCppRunner`); the runner learns the layout from
-a one-token blob llama.cpp writes itself (`CellLayout.learn`).
+A sliding-window model's blob holds its sliding-window layers' cells only within the window
+of the sequence's last position, so a path goes out `window` positions at a time (each group
+within one window); the runner learns the layout from a one-token blob llama.cpp writes itself
+(`CellLayout.learn`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ class LlamaKVTransfer:
         scratch: int,
         layout: CellLayout | None,
         tail: bytes = b"",
+        window: int = 0,
     ):
         self.llama, self.ctx, self.seqs, self.scratch = llama, ctx, seqs, scratch
+        self.window = window
         self.layout, self.tail = layout, np.frombuffer(tail, dtype=np.uint8)
         self.bytes_per_token = layout.bytes_per_token if layout is not None else 0
 
@@ -49,6 +53,14 @@ class LlamaKVTransfer:
             if (self.seqs.slot_pos[slots] < 0).any():
                 raise KVUnavailable("exporting slots that hold no cell")
             return np.zeros((len(slots), 0), dtype=np.uint8)
+        if not self.window:
+            return self._read(slots)
+        group = self.seqs.slot_pos[slots] // self.window  # positions sharing one window
+        cuts = np.flatnonzero(np.diff(group)) + 1
+        return np.concatenate([self._read(part) for part in np.split(slots, cuts)])
+
+    def _read(self, slots: np.ndarray) -> np.ndarray:
+        assert self.layout is not None
         blob = self.seqs.export(slots, self.scratch, self._save)
         if len(self.tail) and bytes(blob[len(blob) - len(self.tail) :]) != self.tail.tobytes():
             raise KVUnavailable("the spare sequence kept a recurrent state")

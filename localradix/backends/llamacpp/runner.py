@@ -109,14 +109,14 @@ class LlamaCppRunner(ModelRunner):
         self.n_vocab = self.config.vocab_size
         self.n_seq = int(llama.llama_max_parallel_sequences())
         rows = args.max_running_requests + 2  # the scheduler's request-table rows
-        # Non-SWA KV can go to the cache tiers, through one spare sequence. SWA KV cannot:
-        # llama.cpp writes a sequence's SWA cells only within its last position's window
-        # (`state_write`), so the older SWA K/V an exact hit needs is not exported.
-        self.tiers_kv = int(llama.llama_model_n_swa(self.model)) == 0
-        self.twins = not self.tiers_kv and not self.recurrent
+        self.window = int(llama.llama_model_n_swa(self.model))  # 0: no sliding window
+        self.twins = self.window > 0 and not self.recurrent
+        # KV goes to the cache tiers through one spare sequence; a model with both sliding
+        # windows and recurrent layers keeps it in memory (its twins would double the states).
+        self.tiers_kv = not self.window or self.twins
         if self.recurrent:  # llama.cpp allocates a recurrent state per sequence id
             self.n_seq = min(self.n_seq, 2 * rows + self.tiers_kv)
-        mapped = self.n_seq - 1 if self.tiers_kv else self.n_seq // (1 + self.twins)
+        mapped = (self.n_seq - self.tiers_kv) // (1 + self.twins)
         self.max_running_requests = min(args.max_running_requests, mapped // 2 - 2)
         if self.max_running_requests < args.max_running_requests:
             why = "twinned for sliding windows" if self.twins else "a row and a ghost each"
@@ -253,7 +253,7 @@ class LlamaCppRunner(ModelRunner):
             return LlamaKVTransfer(llama, self.ctx, self.seqs, scratch, None)  # no cells
         tail = bytes(self.states.empty)[8:] if self.states is not None else b""  # (past magic, id)
         one = np.zeros(1, dtype=np.int64)
-        self.batch.fill(one, one, np.full(1, scratch), one)
+        self.batch.fill(one, one, np.full(1, scratch), one, twinned=False)
         if llama.llama_decode(self.ctx, self.batch.struct) != 0:
             return None
         try:
@@ -268,7 +268,7 @@ class LlamaCppRunner(ModelRunner):
             return None
         finally:
             self._seq_rm(scratch, -1, -1)
-        return LlamaKVTransfer(llama, self.ctx, self.seqs, scratch, layout, tail)
+        return LlamaKVTransfer(llama, self.ctx, self.seqs, scratch, layout, tail, self.window)
 
     def _logit_rows(self, outputs: np.ndarray) -> Any:
         import torch
