@@ -17,7 +17,7 @@ from localradix.messages import ErrorCode
 from localradix.sched.policy import PrefillBudget, order_waiting
 from localradix.sched.prefill_pace import MIN_STEP_TOKENS, PrefillPace
 from localradix.sched.queues import RequestQueues
-from localradix.sched.request import Req, ReqState
+from localradix.sched.request import Req
 from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import SchedulerStats
@@ -92,7 +92,7 @@ class PrefillAdmission:
         req = self.queues.chunked
         assert req is not None
         key = req.all_ids
-        todo = len(key) - req.kv_len
+        todo = len(key) - req.hold.kv_len
         # When the step's tokens went to newcomers, the chunk still takes a minimum: the long
         # prompt moves on every step it can.
         fallback = max(budget.chunk_size, 1)
@@ -100,10 +100,10 @@ class PrefillAdmission:
             fallback = min(fallback, MIN_STEP_TOKENS)
         extend = budget.extend_size(req, todo) or min(todo, fallback)
         extend = self.slots.align_chunk(extend, todo) or min(todo, self.slots.page)
-        extend = self.slots.snapshot_cap(req, req.kv_len, extend)
+        extend = self.slots.snapshot_cap(req, req.hold.kv_len, extend)
         if not self.slots.reserve(req, extend):
             return False
-        _start_extend(req, extend)
+        self.slots.start_extend(req, extend)
         self.queues.chunked = req if extend < todo else None
         budget.take(req, extend, key, finishes_prompt=extend == todo)
         return True
@@ -112,7 +112,8 @@ class PrefillAdmission:
         """Admit `req` into the batch if it fits: 'ok', 'skip' (try the next one) or 'stop'."""
         self.slots.match(req, promote=True)  # fresh: an earlier admission may have evicted nodes
         key = req.all_ids
-        match = req.prefix_match
+        match = req.hold.prefix_match
+        assert match is not None
         if not self._has_required_prefix(req, match.matched_len):
             return "skip"
         # Always compute >= 1 token (for logits), and start on a page boundary.
@@ -131,11 +132,10 @@ class PrefillAdmission:
         if not self.slots.claim(req, match, cached, extend):
             return "stop"
         budget.room -= evictable_before - self.slots.cache.evictable_size  # locked, not free
-        _start_extend(req, extend)
-        if req.cached_tokens < 0:  # its first admission (not a retracted request's return)
-            req.cached_tokens = cached
-            self.stats.hits.record(cached, len(req.prompt_ids) - cached)
-            self.slots.note_unresumed(req, cached)
+        self.slots.start_extend(req, extend)
+        if req.hold.cached_tokens < 0:  # its first admission (not a retracted request's return)
+            self.slots.first_admission(req, cached)
+            self.stats.hits.record(cached, len(req.ask.prompt_ids) - cached)
             self.stats.note_miss(req, match)
         if extend < todo:
             self.queues.chunked = req
@@ -147,8 +147,8 @@ class PrefillAdmission:
         pages only, as the tree keeps them) fails with PREFIX_EVICTED once the cache lost that
         prefix, rather than being prefilled again without the client knowing."""
         page = self.slots.page
-        required = req.require_cached_tokens // page * page
-        if req.cached_tokens >= 0 or matched >= required:  # checked at its first admission
+        required = req.ask.require_cached_tokens // page * page
+        if req.hold.cached_tokens >= 0 or matched >= required:  # checked at its first admission
             return True
         req.fail(
             f"only {matched} of the {required} prompt tokens this continuation needs cached are "
@@ -157,8 +157,3 @@ class PrefillAdmission:
         )
         self.queues.touch(req)
         return False
-
-
-def _start_extend(req: Req, extend: int) -> None:
-    req.extend_len = extend
-    req.state = ReqState.PREFILL

@@ -24,7 +24,7 @@ COLD_GRACE_S = 2.0
 
 def is_one_off(req: Req) -> bool:
     """Less than half the prompt was cached: its prefix is cached cold."""
-    return req.cached_tokens * COLD_HIT_RATIO < len(req.prompt_ids)
+    return req.hold.cached_tokens * COLD_HIT_RATIO < len(req.ask.prompt_ids)
 
 
 def cold_from(req: Req, now: float) -> float:

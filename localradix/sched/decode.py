@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from localradix.sched.queues import RequestQueues
-from localradix.sched.request import Req, ReqState
+from localradix.sched.request import Req
 from localradix.sched.sched_config import SchedulerConfig
 from localradix.sched.slot_handoff import SlotHandoff
 from localradix.sched.stats import SchedulerStats
@@ -45,8 +45,6 @@ class DecodePlanner:
             return []
         opened = self.slots.open_decode_pages(batch)
         assert opened, "decode room was checked just above"
-        for req in batch:
-            req.extend_len = 1
         step = (self.args.new_token_ratio - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = max(self.new_token_ratio - step, MIN_NEW_TOKEN_RATIO)
         return batch
@@ -57,8 +55,6 @@ class DecodePlanner:
         batch = self._decodable()
         if not batch or not self.slots.open_decode_pages(batch):
             return []
-        for req in batch:
-            req.extend_len = 1
         return batch
 
     def _decodable(self) -> list[Req]:
@@ -66,7 +62,7 @@ class DecodePlanner:
         return [
             r
             for r in self.queues.running
-            if r.remaining_new_tokens > 0 and r.seq_len + r.pending < self.context_len
+            if r.remaining_new_tokens > 0 and r.seq_len + r.progress.pending < self.context_len
         ]
 
     def _retract_one(self) -> None:
@@ -80,19 +76,16 @@ class DecodePlanner:
         if len(running) == 1:  # nothing left to retract: stop it where the pool ends
             req = running.pop()
             total = self.slots.pool.total
-            logger.warning("KV cache full (%d tokens): %s stops early", total, req.rid)
+            logger.warning("KV cache full (%d tokens): %s stops early", total, req.ask.rid)
             req.finish("length")
             self.slots.release(req)
             self.queues.touch(req)
             return
-        victim = min(running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)))
+        victim = min(running, key=lambda r: (len(r.progress.output_ids), -len(r.ask.prompt_ids)))
         running.remove(victim)
-        self.slots.release(victim)
-        victim.state = ReqState.WAITING
-        victim.prefix_match = None
-        victim.pending, victim.epoch = 0, victim.epoch + 1  # its token in flight is dropped
-        victim.retractions += 1
+        self.slots.retract(victim)
+        victim.progress.retracted()  # its token in flight is dropped
         self.queues.waiting.insert(0, victim)
         self.stats.retractions += 1
         self.new_token_ratio = self.args.new_token_ratio
-        logger.info("Retracted %s (KV full); #running: %d", victim.rid, len(running))
+        logger.info("Retracted %s (KV full); #running: %d", victim.ask.rid, len(running))

@@ -19,12 +19,10 @@ from localradix.sched.plan import forward_batch, penalized, verify_sampling
 from localradix.sched.queues import RequestQueues
 from localradix.sched.request import Req, ReqState
 from localradix.sched.slot_handoff import SlotHandoff
-from localradix.sched.speculation import Speculator, step_work, verdict_of
+from localradix.sched.speculation import Speculator, clear_drafts, step_work, verdict_of
 from localradix.sched.stats import SchedulerStats
 from localradix.sched.stop_check import StopChecker
 from localradix.step import SampleOutput
-
-_NO_DRAFTS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -50,7 +48,7 @@ class InFlight:
         drafts: the next drafts continue from the accepted ones)."""
         if self.drafts_next or any(len(d) for d in self.drafts):
             return True
-        return any(r.grammar is not None or penalized(r) for r in self.reqs)
+        return any(r.constraint.grammar is not None or penalized(r) for r in self.reqs)
 
 
 @dataclass(eq=False)
@@ -71,14 +69,18 @@ class StepLauncher:
             self.speculator.draft(batch)
         fb = forward_batch(batch, self.slots.req_pool.table)
         sb = verify_sampling(batch, self._rng, self.vocab_size)
-        is_prefill = batch[0].state == ReqState.PREFILL
+        is_prefill = batch[0].hold.state == ReqState.PREFILL
         work = None if is_prefill else step_work(batch)
         started = time.monotonic()
         handle = self.runner.launch(fb, sb)
-        epochs = [r.epoch for r in batch]
-        drafts = [r.draft_ids for r in batch]
+        epochs = [r.progress.epoch for r in batch]
+        drafts = [r.drafts.ids for r in batch]
         first_rows = fb.last_row - np.array([len(d) for d in drafts], dtype=np.int64)
-        samples = [self._advance_kv(req, handle.placeholders, i) for i, req in enumerate(batch)]
+        samples = [
+            self._advance_kv(req, len(drafts[i]), handle.placeholders, i)
+            for i, req in enumerate(batch)
+        ]
+        clear_drafts(batch)  # run now; verified at the read
         spec = self.speculator
         drafts_next = spec is not None and spec.drafts_next(batch)
         return InFlight(
@@ -96,27 +98,20 @@ class StepLauncher:
             work,
         )
 
-    def _advance_kv(self, req: Req, placeholders: np.ndarray | None, i: int) -> bool:
-        """KV bookkeeping at launch; True when the request samples a token in this step."""
-        was_prefill = req.state == ReqState.PREFILL
-        req.spec_len = len(req.draft_ids)  # written now, verified at the read
-        req.kv_len += req.extend_len - req.spec_len
-        req.extend_len = 0
-        req.draft_ids = _NO_DRAFTS
-        if not was_prefill:
-            self.slots.cache_decoded(req)
+    def _advance_kv(self, req: Req, drafts: int, placeholders: np.ndarray | None, i: int) -> bool:
+        """KV bookkeeping at launch (`drafts`: how many of its positions are drafts); True when
+        the request samples a token in this step."""
+        was_prefill = req.hold.state == ReqState.PREFILL
+        if not self.slots.advance(req, drafts):
+            return False
         if was_prefill:
-            self.slots.cache_unfinished(req)
-            if req.kv_len < req.seq_len:  # a chunk of a longer prefill: no token yet
-                return False
-            if req.embed is not None:  # prefill only: it ends when this step is read
+            if req.ask.embed is not None:  # prefill only: it ends when this step is read
                 self.queues.embedding.append(req)
                 return True
-            req.state = ReqState.DECODE
             self.queues.running.append(req)
-        req.pending += 1
+        req.progress.pending += 1
         if placeholders is not None:
-            req.placeholder = int(placeholders[i])
+            req.progress.placeholder = int(placeholders[i])
         return True
 
     def read(self, step: InFlight) -> None:
@@ -131,9 +126,9 @@ class StepLauncher:
             self.speculator.observe(step.work, seconds)
         for i, req in enumerate(step.reqs):
             # Dropped: a retracted request's token (it re-runs), or one after the request ended.
-            if req.epoch != step.epochs[i] or req.finished:
+            if req.progress.epoch != step.epochs[i] or req.finished:
                 continue
-            if req.embed is not None:
+            if req.ask.embed is not None:
                 self._take_pooled(req, out, i, last_chunk=step.samples[i])
             elif step.samples[i]:
                 self._take_tokens(req, out, int(step.first_rows[i]), step.drafts[i])
@@ -143,17 +138,21 @@ class StepLauncher:
     def _take_pooled(self, req: Req, out: SampleOutput, i: int, last_chunk: bool) -> None:
         """Fold one prefill chunk's pooled state into an embedding request; after the last
         chunk it is done (finish reason "stop", no tokens) and leaves its prompt cached."""
-        assert req.embed is not None
+        assert req.ask.embed is not None
         if out.pooled is None:
             req.fail(
                 "the runner returned no hidden states for an embedding request",
                 ErrorCode.ENGINE_FAILURE,
             )
         else:
-            req.pooled = embedding.add_chunk(req.pooled, out.pooled[i], req.embed)
+            req.pooling.pooled = embedding.add_chunk(
+                req.pooling.pooled, out.pooled[i], req.ask.embed
+            )
             if not last_chunk:
                 return
-            req.embedding = embedding.vector(req.pooled, len(req.prompt_ids), req.embed)
+            req.pooling.embedding = embedding.vector(
+                req.pooling.pooled, len(req.ask.prompt_ids), req.ask.embed
+            )
             req.finish("stop")
         self.queues.remove(req)
         self.slots.release(req)
@@ -162,7 +161,7 @@ class StepLauncher:
     def _take_tokens(self, req: Req, out: SampleOutput, row: int, drafts: np.ndarray) -> None:
         """Apply the step's tokens of one request: its sampled token, or for a verify the
         accepted drafts and the token after them, one at a time until it stops."""
-        req.pending -= 1
+        req.progress.pending -= 1
         verdict = verdict_of(drafts, out.token_ids[row : row + len(drafts) + 1])
         emitted = verdict.tokens(drafts)
         taken = 0
@@ -178,12 +177,12 @@ class StepLauncher:
             self.slots.release(req)
 
     def _take_token(self, req: Req, out: SampleOutput, i: int, token: int) -> None:
-        req.output_ids.append(token)
+        req.progress.output_ids.append(token)
         self.stats.generated_tokens_total += 1
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-        if req.params.logprobs is not None and out.logprobs is not None:
-            req.logprobs.append(_token_logprob(out, i, token, req.params.logprobs))
+        if req.progress.first_token_time is None:
+            req.progress.first_token_time = time.monotonic()
+        if req.ask.params.logprobs is not None and out.logprobs is not None:
+            req.progress.logprobs.append(_token_logprob(out, i, token, req.ask.params.logprobs))
         self.queues.touch(req)
         self.stop.check(req, token)
 

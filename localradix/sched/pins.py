@@ -38,16 +38,16 @@ class PinKeeper:
     def apply(self, batch: list[Req]) -> None:
         """Pin the prefixes of the requests in `batch` whose whole prompt is now cached (once)."""
         for req in batch:
-            if req.pins and req.kv_len >= len(req.prompt_ids):
+            if req.pinning.due and req.hold.kv_len >= len(req.ask.prompt_ids):
                 self._pin(req)
-                req.pins = ()
+                req.pinning.due = ()
 
     def _pin(self, req: Req) -> None:
         now, page = self.clock(), self.cache.page_size
-        for pin in req.pins:
-            want = min(pin.tokens, len(req.prompt_ids))
-            key = req.prompt_ids[:want]
-            got = self.cache.pin(key, now + pin.ttl_s, req.extra_key, self.budget)
+        for pin in req.pinning.due:
+            want = min(pin.tokens, len(req.ask.prompt_ids))
+            key = req.ask.prompt_ids[:want]
+            got = self.cache.pin(key, now + pin.ttl_s, req.ask.extra_key, self.budget)
             if got < want // page * page and not self.cache.disable and not self._warned:
                 self._warned = True
                 logger.warning(

@@ -17,19 +17,21 @@ def forward_batch(batch: list[Req], table: np.ndarray) -> ForwardBatch:
     embedding request's prefill chunks are pooled."""
     ids, tables, prefixes, rows, sampled, pooling = [], [], [], [], [], []
     for req in batch:
-        assert req.row is not None
-        end = req.kv_len + req.extend_len
-        if req.state == ReqState.PREFILL:
-            ids.append(req.all_ids[req.kv_len : end])
-        elif req.pending:
-            ids.append(np.array([req.placeholder], dtype=np.int64))
+        assert req.hold.row is not None
+        end = req.hold.kv_len + req.hold.extend_len
+        if req.hold.state == ReqState.PREFILL:
+            ids.append(req.all_ids[req.hold.kv_len : end])
+        elif req.progress.pending:
+            ids.append(np.array([req.progress.placeholder], dtype=np.int64))
         else:
-            ids.append(np.concatenate([req.output_ids[-1:], req.draft_ids]).astype(np.int64))
-        tables.append(table[req.row, :end])
-        prefixes.append(req.kv_len)
-        rows.append(req.row)
-        sampled.append(1 + len(req.draft_ids))
-        pooling.append(req.embed.pooling if req.embed is not None else "")
+            ids.append(
+                np.concatenate([req.progress.output_ids[-1:], req.drafts.ids]).astype(np.int64)
+            )
+        tables.append(table[req.hold.row, :end])
+        prefixes.append(req.hold.kv_len)
+        rows.append(req.hold.row)
+        sampled.append(1 + len(req.drafts.ids))
+        pooling.append(req.ask.embed.pooling if req.ask.embed is not None else "")
     return ForwardBatch.build(ids, tables, prefixes, rows, sampled, pooling)
 
 
@@ -37,14 +39,16 @@ def verify_sampling(batch: list[Req], rng: np.random.Generator, vocab_size: int)
     """`sampling_batch`, one row per sampled position when any request verifies drafts: row j
     of a request samples the token after its drafts[:j], with that token's own draw (a seeded
     request's is the one it gets without speculation) and grammar mask."""
-    drafts = [r.draft_ids for r in batch]
+    drafts = [r.drafts.ids for r in batch]
     if not any(len(d) for d in drafts):
         return sampling_batch(batch, rng, vocab_size)
     base = SamplingBatch.build(
-        [r.params for r in batch], uniforms(batch, rng), [_history(r) for r in batch]
+        [r.ask.params for r in batch], uniforms(batch, rng), [_history(r) for r in batch]
     )
     draws = [
-        position_uniforms(r.params, len(r.output_ids) + r.pending, len(d) + 1, rng)
+        position_uniforms(
+            r.ask.params, len(r.progress.output_ids) + r.progress.pending, len(d) + 1, rng
+        )
         if len(d)
         else base.uniform[i : i + 1]
         for i, (r, d) in enumerate(zip(batch, drafts))
@@ -55,23 +59,28 @@ def verify_sampling(batch: list[Req], rng: np.random.Generator, vocab_size: int)
 def _verify_masks(batch: list[Req], vocab_size: int) -> np.ndarray | None:
     """Grammar rows of a verify step: the masks `draft_masks` left for each drafted request,
     a fresh row for other constrained requests that sample, all-allowed elsewhere."""
-    if all(r.grammar is None for r in batch):
+    if all(r.constraint.grammar is None for r in batch):
         return None
-    sizes = [1 + len(r.draft_ids) for r in batch]
+    sizes = [1 + len(r.drafts.ids) for r in batch]
     mask = np.full((sum(sizes), (vocab_size + 31) // 32), -1, dtype=np.int32)
     row = 0
     for req, n in zip(batch, sizes):
-        if req.grammar is not None and n > 1:
-            mask[row : row + n] = req.spec.masks
-        elif req.grammar is not None and req.kv_len + req.extend_len >= req.seq_len:
-            req.grammar.fill_mask(mask, row)
+        spec = req.drafts.spec
+        if req.constraint.grammar is not None and n > 1:
+            assert spec is not None and spec.masks is not None  # left by `draft_masks`
+            mask[row : row + n] = spec.masks
+        elif (
+            req.constraint.grammar is not None
+            and req.hold.kv_len + req.hold.extend_len >= req.seq_len
+        ):
+            req.constraint.grammar.fill_mask(mask, row)
         row += n
     return mask
 
 
 def sampling_batch(batch: list[Req], rng: np.random.Generator, vocab_size: int) -> SamplingBatch:
     return SamplingBatch.build(
-        [r.params for r in batch],
+        [r.ask.params for r in batch],
         uniforms(batch, rng),
         [_history(r) for r in batch],
         vocab_mask(batch, vocab_size),
@@ -82,8 +91,11 @@ def uniforms(batch: list[Req], rng: np.random.Generator) -> np.ndarray:
     """One draw per request; a seeded request's draw depends only on (seed, token index)."""
     draws = rng.random(len(batch))
     for i, req in enumerate(batch):
-        if req.params.seed is not None:
-            seq = [req.params.seed & 0xFFFFFFFF, len(req.output_ids) + req.pending]
+        if req.ask.params.seed is not None:
+            seq = [
+                req.ask.params.seed & 0xFFFFFFFF,
+                len(req.progress.output_ids) + req.progress.pending,
+            ]
             draws[i] = np.random.default_rng(seq).random()
     return draws
 
@@ -93,21 +105,23 @@ def vocab_mask(batch: list[Req], vocab_size: int) -> np.ndarray | None:
     rows = [
         i
         for i, r in enumerate(batch)
-        if r.grammar is not None and r.kv_len + r.extend_len >= r.seq_len
+        if r.constraint.grammar is not None and r.hold.kv_len + r.hold.extend_len >= r.seq_len
     ]
     if not rows:
         return None
     mask = np.full((len(batch), (vocab_size + 31) // 32), -1, dtype=np.int32)
     for i in rows:
-        batch[i].grammar.fill_mask(mask, i)
+        grammar = batch[i].constraint.grammar
+        assert grammar is not None
+        grammar.fill_mask(mask, i)
     return mask
 
 
 def penalized(req: Req) -> bool:
-    p = req.params
+    p = req.ask.params
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0 or p.frequency_penalty != 0
 
 
 def _history(req: Req) -> tuple[np.ndarray, int] | None:
     """The tokens a penalty counts (prompt and output) and where the output starts."""
-    return (req.all_ids, len(req.prompt_ids)) if penalized(req) else None
+    return (req.all_ids, len(req.ask.prompt_ids)) if penalized(req) else None

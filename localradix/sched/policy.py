@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from localradix.mem.radix_node import MatchResult, TreeNode
 from localradix.sched.request import Req
 
 # Above this many waiting requests, matching every prompt each step costs more than it saves.
@@ -18,16 +19,22 @@ IN_BATCH_DEDUP_MIN_TOKENS = 32
 
 
 def order_waiting(waiting: list[Req], policy: str, match: Callable[[Req], Any]) -> list[Req]:
-    """Return `waiting` in admission order. `match(req)` refreshes `req.prefix_match`."""
+    """Return `waiting` in admission order. `match(req)` refreshes `req.hold.prefix_match`."""
     if policy == "fcfs" or len(waiting) > LPM_FALLBACK_QUEUE_LEN:
         return list(waiting)
     for req in waiting:
         match(req)
     if policy == "lpm":
-        return sorted(waiting, key=lambda r: -r.prefix_match.matched_len)  # stable: fcfs ties
+        return sorted(waiting, key=lambda r: -_match_of(r).matched_len)  # stable: fcfs ties
     if policy == "dfs-weight":
         return _dfs_weight_order(waiting)
     raise ValueError(f"unknown schedule policy {policy!r}")
+
+
+def _match_of(req: Req) -> MatchResult:
+    match = req.hold.prefix_match
+    assert match is not None  # `match(req)` just refreshed it
+    return match
 
 
 def _dfs_weight_order(waiting: list[Req]) -> list[Req]:
@@ -37,7 +44,7 @@ def _dfs_weight_order(waiting: list[Req]) -> list[Req]:
     nodes: dict[int, Any] = {}
     children: dict[int, list[Any]] = defaultdict(list)
     for req in waiting:
-        node = req.prefix_match.last_node
+        node: TreeNode | None = _match_of(req).last_node
         by_node[id(node)].append(req)
         while node is not None:
             nodes[id(node)] = node

@@ -42,7 +42,7 @@ class RequestQueues:
         return held
 
     def touch(self, req: Req) -> None:
-        self.touched[req.rid] = req
+        self.touched[req.ask.rid] = req
 
     def remove(self, req: Req) -> None:
         """Take `req` out of whichever queue holds it (an abort)."""
@@ -58,26 +58,29 @@ class RequestQueues:
         for req in self.touched.values():
             outputs.append(_output(req))
             if req.finished:
-                self.by_rid.pop(req.rid, None)
+                self.by_rid.pop(req.ask.rid, None)
         self.touched = {}
         return outputs
 
 
 def _output(req: Req) -> RequestOutput:
-    new = tuple(req.output_ids[req.sent_tokens :])
-    logprobs = tuple(req.logprobs[req.sent_logprobs :])
-    req.sent_tokens, req.sent_logprobs = len(req.output_ids), len(req.logprobs)
+    new = tuple(req.progress.output_ids[req.report.sent_tokens :])
+    logprobs = tuple(req.progress.logprobs[req.report.sent_logprobs :])
+    req.report.sent_tokens, req.report.sent_logprobs = (
+        len(req.progress.output_ids),
+        len(req.progress.logprobs),
+    )
     return RequestOutput(
-        rid=req.rid,
+        rid=req.ask.rid,
         new_token_ids=new,
         finished=req.finished,
-        finish_reason=req.finish_reason,
-        matched_stop=req.matched_stop,
-        prompt_tokens=len(req.prompt_ids),
-        cached_tokens=max(req.cached_tokens, 0),
-        completion_tokens=len(req.output_ids),
+        finish_reason=req.outcome.finish_reason,
+        matched_stop=req.outcome.matched_stop,
+        prompt_tokens=len(req.ask.prompt_ids),
+        cached_tokens=max(req.hold.cached_tokens, 0),
+        completion_tokens=len(req.progress.output_ids),
         logprobs=logprobs,
-        error=req.error,
-        error_code=req.error_code,
-        embedding=req.embedding,
+        error=req.outcome.error,
+        error_code=req.outcome.error_code,
+        embedding=req.pooling.embedding,
     )

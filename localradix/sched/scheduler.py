@@ -20,6 +20,7 @@ The rooms this loop drives, one file each:
   stop_check.py    when a request stops (tokens, length, grammar, stop strings)
   stats.py         counters, meters, logs and the TUI's previews
   queues.py        where every request is, and the outputs of the step
+  request.py       a request's typed parts, each written by one of these rooms
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ class Scheduler:
             self._prefilled_last = False
             return self.decoding.plan()
         batch = self._admit_or_plan()
-        self._prefilled_last = bool(batch) and batch[0].state == ReqState.PREFILL
+        self._prefilled_last = bool(batch) and batch[0].hold.state == ReqState.PREFILL
         return batch
 
     def _decode_turn(self) -> bool:
@@ -226,7 +227,7 @@ class Scheduler:
             self._prefilled_last
             and not self.mixed
             and q.chunked is not None
-            and any(r.state == ReqState.DECODE for r in q.running)
+            and any(r.hold.state == ReqState.DECODE for r in q.running)
         )
 
     def _admit_or_plan(self) -> list[Req]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from localradix.spec import (
     AdaptiveK,
     NgramConfig,
     NgramDrafter,
+    RollbackGrammar,
     StepCostModel,
     TreeContinuations,
     Verdict,
@@ -102,42 +104,45 @@ class Speculator:
         room = True
         work = plain_work(batch)
         for req in batch:
-            req.draft_ids = _NO_DRAFTS
+            req.drafts.ids = _NO_DRAFTS
             if not self.enabled or not self._eligible(req):
                 continue
-            k = self.draft_len(req, work)
-            if k == 0 and not len(req.spec.shadow):  # would not pay: keep them to score
-                req.spec.shadow = self._propose(req, self._adaptive.k_max, grammar=False)
+            spec, k = req.drafts.spec, self.draft_len(req, work)
+            assert spec is not None  # `_eligible` gave it one
+            if k == 0 and not len(spec.shadow):  # would not pay: keep them to score
+                spec.shadow = self._propose(req, self._adaptive.k_max, grammar=False)
             drafts = self._propose(req, k) if k else _NO_DRAFTS
             if not len(drafts):
                 continue
+            # (the reservation schedules the drafts: `extend_len` = 1 + drafts)
             room = room and self.slots.reserve_drafts(req, len(drafts))
             if room:  # once the pool is short, nobody else drafts this step either
-                req.draft_ids = drafts
-                req.extend_len = 1 + len(drafts)
+                req.drafts.ids = drafts
 
     def settle(self, req: Req, drafts: np.ndarray, verdict: Verdict, taken: int) -> None:
         """After the read: `taken` of the step's emitted tokens were kept (fewer than all when
         the request stopped mid-verdict). Drop the rejected drafts' KV and learn from it."""
+        spec = req.drafts.spec
         if len(drafts):
-            launch_kv_len = req.kv_len - 1
+            assert spec is not None  # it drafted
+            launch_kv_len = req.hold.kv_len - 1
             self.slots.drop_rejected(req, launch_kv_len + taken)
-            req.spec.adaptive.record(len(drafts), verdict.accepted)
-            req.spec.masks = None
-        if req.spec is not None:
+            spec.adaptive.record(len(drafts), verdict.accepted)
+            spec.masks = None
+        if spec is not None:
             tokens = verdict.tokens(drafts)[:taken].tolist()
-            req.spec.drafter.append(tokens)
-            req.spec.score_shadow(tokens)
+            spec.drafter.append(tokens)
+            spec.score_shadow(tokens)
 
     def draft_len(self, req: Req, work: tuple[int, float]) -> int:
         """How many drafts pay for themselves for `req` in a step whose plain decode runs
         `work` = (rows, context tokens read): 0 when none does, at most `--speculative-k`."""
-        if req.spec is None:  # no verdict yet: the prior acceptance
+        if req.drafts.spec is None:  # no verdict yet: the prior acceptance
             alpha, k_max = AdaptiveK(self._adaptive).alpha, self._adaptive.k_max
         else:
-            adaptive = req.spec.adaptive
+            adaptive = req.drafts.spec.adaptive
             alpha, k_max = adaptive.alpha, self._adaptive.k_max if adaptive.enabled else 0
-        return best_draft_len(alpha, self.costs.beta(*work, context=req.kv_len), k_max)
+        return best_draft_len(alpha, self.costs.beta(*work, context=req.hold.kv_len), k_max)
 
     def drafts_next(self, batch: list[Req]) -> bool:
         """Whether a request of the batch may draft at its next step. Its drafts continue from
@@ -154,23 +159,23 @@ class Speculator:
             self.costs.observe(*work, seconds)
 
     def _may_draft(self, req: Req) -> bool:
-        if not req.params.speculative or req.state != ReqState.DECODE:
+        if not req.ask.params.speculative or req.hold.state != ReqState.DECODE:
             return False
         return req.remaining_new_tokens > 1
 
     # ---- internals -------------------------------------------------------------------------
 
     def _eligible(self, req: Req) -> bool:
-        if req.state != ReqState.DECODE or req.extend_len != 1 or req.pending:
+        if req.hold.state != ReqState.DECODE or req.hold.extend_len != 1 or req.progress.pending:
             return False
-        if not req.params.speculative:
+        if not req.ask.params.speculative:
             return False
-        if req.grammar is not None and not hasattr(req.grammar, "rollback"):
+        if req.constraint.grammar is not None and not hasattr(req.constraint.grammar, "rollback"):
             self._say_once("grammar", "a grammar that cannot roll back: no drafts for it")
             return False
-        if req.spec is None:  # its first decode: index its context in one go
-            drafter = NgramDrafter(self._ngram, req.all_ids, self._tree, req.extra_key)
-            req.spec = RequestSpec(drafter, AdaptiveK(self._adaptive))
+        if req.drafts.spec is None:  # its first decode: index its context in one go
+            drafter = NgramDrafter(self._ngram, req.all_ids, self._tree, req.ask.extra_key)
+            req.drafts.spec = RequestSpec(drafter, AdaptiveK(self._adaptive))
         return True
 
     def _propose(self, req: Req, k: int, grammar: bool = True) -> np.ndarray:
@@ -178,12 +183,14 @@ class Speculator:
         k = min(k, room)
         if k <= 0:
             return _NO_DRAFTS
-        drafts = np.asarray(req.spec.drafter.propose(k).tokens, dtype=np.int64)
-        if grammar and req.grammar is not None and len(drafts):
+        spec, rules = req.drafts.spec, req.constraint.grammar
+        assert spec is not None
+        drafts = np.asarray(spec.drafter.propose(k).tokens, dtype=np.int64)
+        if grammar and rules is not None and len(drafts):
             masks = np.full((len(drafts) + 1, (self.vocab_size + 31) // 32), -1, dtype=np.int32)
-            kept = draft_masks(req.grammar, drafts, masks, 0)
+            kept = draft_masks(cast(RollbackGrammar, rules), drafts, masks, 0)  # (`_eligible`)
             drafts = drafts[:kept]
-            req.spec.masks = masks[: kept + 1]
+            spec.masks = masks[: kept + 1]
         return drafts
 
     def _say_once(self, key: str, message: str) -> None:
@@ -192,17 +199,23 @@ class Speculator:
             logger.info("Speculative decoding: %s", message)
 
 
+def clear_drafts(batch: list[Req]) -> None:
+    """The batch launched: its drafts are in its KV now (`spec_len`), verified at the read."""
+    for req in batch:
+        req.drafts.ids = _NO_DRAFTS
+
+
 def plain_work(batch: list[Req]) -> tuple[int, float]:
     """(rows, context tokens read) of the batch decoding without drafts (a mixed batch's
     prefill rows are left out: drafts then look dearer than they are, never cheaper)."""
-    return len(batch), float(sum(r.kv_len + 1 for r in batch))
+    return len(batch), float(sum(r.hold.kv_len + 1 for r in batch))
 
 
 def step_work(batch: list[Req]) -> tuple[int, float]:
     """(rows, context tokens read) of a decode step as launched, drafts included: request i's
     1 + k_i rows read about its kv_len tokens each."""
-    rows = sum(1 + len(r.draft_ids) for r in batch)
-    return rows, float(sum((1 + len(r.draft_ids)) * (r.kv_len + 1) for r in batch))
+    rows = sum(1 + len(r.drafts.ids) for r in batch)
+    return rows, float(sum((1 + len(r.drafts.ids)) * (r.hold.kv_len + 1) for r in batch))
 
 
 def verdict_of(drafts: np.ndarray, targets: np.ndarray) -> Verdict:

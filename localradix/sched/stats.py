@@ -88,13 +88,13 @@ class SchedulerStats:
     def note_miss(self, req: Req, match: MatchResult) -> None:
         """Remember where a new prompt left the cached path (the TUI explains misses)."""
         div = match.divergence
-        if div is None or match.matched_len >= len(req.prompt_ids) - 1:
+        if div is None or match.matched_len >= len(req.ask.prompt_ids) - 1:
             return
         at = int(div.position)
-        ids = req.prompt_ids
+        ids = req.ask.prompt_ids
         self.recent_misses.append(
             {
-                "rid": req.rid,
+                "rid": req.ask.rid,
                 "prompt_tokens": len(ids),
                 "matched_tokens": match.matched_len,
                 "reason": div.reason,
@@ -157,8 +157,8 @@ class SchedulerStats:
             "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, KV usage: %.2f, "
             "#running: %d, #queue: %d",
             len(admitted),
-            sum(r.extend_len for r in admitted),
-            sum(r.kv_len for r in admitted),
+            sum(r.hold.extend_len for r in admitted),
+            sum(r.hold.kv_len for r in admitted),
             self.kv_usage(),
             len(self.queues.running),
             len(self.queues.waiting),
@@ -181,16 +181,20 @@ class SchedulerStats:
 
 
 def _req_row(req: Req, now: float) -> dict:
-    ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+    ttft = (
+        None
+        if req.progress.first_token_time is None
+        else req.progress.first_token_time - req.ask.arrival_time
+    )
     return {
-        "id": req.rid,
-        "state": req.state.value,
-        "prompt_tokens": len(req.prompt_ids),
-        "cached_tokens": max(req.cached_tokens, 0),
-        "generated_tokens": len(req.output_ids),
+        "id": req.ask.rid,
+        "state": req.hold.state.value,
+        "prompt_tokens": len(req.ask.prompt_ids),
+        "cached_tokens": max(req.hold.cached_tokens, 0),
+        "generated_tokens": len(req.progress.output_ids),
         "ttft_s": ttft,
-        "age_s": now - req.arrival_time,
-        "retractions": req.retractions,
+        "age_s": now - req.ask.arrival_time,
+        "retractions": req.progress.retractions,
     }
 
 

@@ -25,24 +25,24 @@ class StopChecker:
 
     def check(self, req: Req, token: int) -> None:
         """Finish (or fail) `req` if `token`, just appended to its output, ends it."""
-        p = req.params
+        p = req.ask.params
         if token in p.stop_token_ids:
             req.finish("stop", token)
         elif token in self.eos_token_ids and not p.ignore_eos:
             req.finish("stop", token)
-        elif req.grammar is not None and not req.grammar.accept(token):
+        elif req.constraint.grammar is not None and not req.constraint.grammar.accept(token):
             req.fail(f"token {token} broke the request's grammar", ErrorCode.ENGINE_FAILURE)
-        elif req.grammar is not None and req.grammar.terminated:
+        elif req.constraint.grammar is not None and req.constraint.grammar.terminated:
             req.finish("stop", token)
         elif p.stop and (matched := self.stop_string(req)) is not None:
             req.finish("stop", matched)  # (before the length: the last token may complete one)
-        elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+        elif len(req.progress.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
             req.finish("length")
 
     def stop_string(self, req: Req) -> str | None:
         """The first of the request's stop strings in the text of its newest tokens, if any.
         A stop string spans at most one token per character, hence the window."""
-        stops = req.params.stop
+        stops = req.ask.params.stop
         window = max(len(s) for s in stops) + 1
-        tail = self.decode(req.output_ids[-window:])
+        tail = self.decode(req.progress.output_ids[-window:])
         return next((s for s in stops if s in tail), None)

@@ -98,7 +98,7 @@ def test_the_measured_pace_sizes_the_chunks() -> None:
     sizes = []
     while sched.queues.waiting or sched.queues.chunked is not None or not sizes:
         batch = sched._schedule()
-        sizes.append(sum(r.extend_len for r in batch))
+        sizes.append(sum(r.hold.extend_len for r in batch))
         sched.launcher.read(sched.launcher.launch(batch))
         sched.pace.seconds_per_token = 0.01  # keep it fixed against the real clock
     assert sizes[:-1] and all(n == 50 for n in sizes[:-1]), sizes

@@ -54,9 +54,9 @@ class Rooms:
         check_invariants(self.slots.pool, self.slots.cache, owned=owned)
 
     def _reserved(self, req: Req) -> np.ndarray:
-        assert req.row is not None
-        end = self.slots.round_up(req.kv_len + req.extend_len)
-        return self.slots.req_pool.table[req.row, req.cached_len : end]
+        assert req.hold.row is not None
+        end = self.slots.round_up(req.hold.kv_len + req.hold.extend_len)
+        return self.slots.req_pool.table[req.hold.row, req.hold.cached_len : end]
 
     def run(self, batch: list[Req]) -> None:
         """Launch `batch` on the hash runner and apply its tokens."""
@@ -91,7 +91,7 @@ def rooms(pool_size: int, page: int = 1, chunk: int = 0, max_prefill: int = 8192
 
 
 def req(rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> Req:
-    return Req(rid=rid, prompt_ids=np.asarray(prompt, dtype=np.int64), params=params)
+    return Req.of(rid=rid, prompt_ids=np.asarray(prompt, dtype=np.int64), params=params)
 
 
 STEM = list(range(2, 30))
@@ -119,7 +119,7 @@ def test_admission_reserves_exactly_what_it_schedules(work, cached, page, chunk,
     if cached:  # an earlier request left part of the stem in the tree
         first = req("earlier", STEM[:cached] + [1])
         r.queues.waiting.append(first)
-        while first.state != ReqState.DECODE:  # its prefill, chunk by chunk
+        while first.hold.state != ReqState.DECODE:  # its prefill, chunk by chunk
             r.run(r.admission.admit(0.0))
         r.slots.release(first)
         r.queues.running.clear()
@@ -130,19 +130,21 @@ def test_admission_reserves_exactly_what_it_schedules(work, cached, page, chunk,
     r.check(extra=[a for a in admitted if a is not r.queues.chunked])
     assert r.queues.waiting == [w for w in waiting if w not in admitted]  # order kept
     assert admitted and admitted[0] is waiting[0]  # fcfs, nothing running: the head fits
-    assert sum(a.extend_len for a in admitted) <= max_prefill
+    assert sum(a.hold.extend_len for a in admitted) <= max_prefill
     for a in admitted:
-        n = len(a.prompt_ids)
-        assert a.state == ReqState.PREFILL and a.extend_len > 0
-        assert a.kv_len == a.cached_len == a.cached_tokens and a.kv_len % page == 0
-        assert a.kv_len + a.extend_len <= n and a.kv_len < n  # >= 1 token computed
-        assert a.last_node.lock_ref > 0 or a.cached_len == 0
-        cached_slots = r.slots.cache.match_prefix(a.prompt_ids).indices[: a.cached_len]
-        assert (r.slots.req_pool.table[a.row, : a.cached_len] == cached_slots).all()
-    partial = [a for a in admitted if a.kv_len + a.extend_len < len(a.prompt_ids)]
-    event(f"chunked: {bool(partial)}, hit: {any(a.cached_len for a in admitted)}")
+        n = len(a.ask.prompt_ids)
+        assert a.hold.state == ReqState.PREFILL and a.hold.extend_len > 0
+        assert (
+            a.hold.kv_len == a.hold.cached_len == a.hold.cached_tokens and a.hold.kv_len % page == 0
+        )
+        assert a.hold.kv_len + a.hold.extend_len <= n and a.hold.kv_len < n  # >= 1 token computed
+        assert a.hold.last_node.lock_ref > 0 or a.hold.cached_len == 0
+        cached_slots = r.slots.cache.match_prefix(a.ask.prompt_ids).indices[: a.hold.cached_len]
+        assert (r.slots.req_pool.table[a.hold.row, : a.hold.cached_len] == cached_slots).all()
+    partial = [a for a in admitted if a.hold.kv_len + a.hold.extend_len < len(a.ask.prompt_ids)]
+    event(f"chunked: {bool(partial)}, hit: {any(a.hold.cached_len for a in admitted)}")
     assert partial == ([r.queues.chunked] if r.queues.chunked else [])
-    assert r.stats.hits.hit_tokens == hits_before + sum(a.cached_tokens for a in admitted)
+    assert r.stats.hits.hit_tokens == hits_before + sum(a.hold.cached_tokens for a in admitted)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,10 +161,12 @@ def test_decode_retracts_the_fewest_generated_first_and_keeps_every_slot(work, p
             batch = r.decoding.plan()
             gone = [x for x in before if x not in r.queues.running and not x.finished]
             for victim in gone:  # retracted: back at the queue's head, without KV
-                assert victim in r.queues.waiting[: len(gone)] and victim.row is None
-                assert victim.state == ReqState.WAITING and victim.pending == 0
-                kept = [len(x.output_ids) for x in r.queues.running]
-                assert len(victim.output_ids) <= min(kept, default=len(victim.output_ids))
+                assert victim in r.queues.waiting[: len(gone)] and victim.hold.row is None
+                assert victim.hold.state == ReqState.WAITING and victim.progress.pending == 0
+                kept = [len(x.progress.output_ids) for x in r.queues.running]
+                assert len(victim.progress.output_ids) <= min(
+                    kept, default=len(victim.progress.output_ids)
+                )
             if gone:  # the ratio went back up (then decayed by one step if a batch ran)
                 initial = r.args.new_token_ratio
                 step = (initial - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -173,7 +177,7 @@ def test_decode_retracts_the_fewest_generated_first_and_keeps_every_slot(work, p
         r.check()
     assert not (r.queues.waiting or r.queues.running), "decode made no progress"
     check_invariants(r.slots.pool, r.slots.cache, idle=True)
-    assert r.stats.retractions == sum(x.retractions for x in r.queues.touched.values())
+    assert r.stats.retractions == sum(x.progress.retractions for x in r.queues.touched.values())
     event(f"retracted: {r.stats.retractions > 0}")
 
 
@@ -186,8 +190,8 @@ def test_a_lone_request_that_outgrows_the_pool_stops_with_length():
         if not batch:
             break
         r.run(batch)
-    assert long.finish_reason == "length" and len(long.output_ids) < 40
-    assert r.stats.retractions == 0 and long.row is None
+    assert long.outcome.finish_reason == "length" and len(long.progress.output_ids) < 40
+    assert r.stats.retractions == 0 and long.hold.row is None
     check_invariants(r.slots.pool, r.slots.cache, idle=True)
 
 
@@ -197,7 +201,7 @@ def _stopped(params: SamplingParams, outputs: list[int], eos: tuple[int, ...] = 
     )
     r = req("s", [2, 3], params)
     for t in outputs:
-        r.output_ids.append(t)
+        r.progress.output_ids.append(t)
         checker.check(r, t)
         if r.finished:
             break
@@ -206,22 +210,29 @@ def _stopped(params: SamplingParams, outputs: list[int], eos: tuple[int, ...] = 
 
 def test_stop_check_order_and_reasons():
     p = SamplingParams(max_new_tokens=5, stop_token_ids=(9,))
-    assert (_stopped(p, [4, 9]).finish_reason, _stopped(p, [4, 9]).matched_stop) == ("stop", 9)
-    assert _stopped(p, [4, 1]).matched_stop == 1  # EOS
-    assert _stopped(p.replace(ignore_eos=True), [1, 1, 1, 1, 1]).finish_reason == "length"
-    assert _stopped(p, [4, 4, 4, 4, 4, 4]).output_ids == [4] * 5  # max_new_tokens
+    assert (
+        _stopped(p, [4, 9]).outcome.finish_reason,
+        _stopped(p, [4, 9]).outcome.matched_stop,
+    ) == ("stop", 9)
+    assert _stopped(p, [4, 1]).outcome.matched_stop == 1  # EOS
+    assert _stopped(p.replace(ignore_eos=True), [1, 1, 1, 1, 1]).outcome.finish_reason == "length"
+    assert _stopped(p, [4, 4, 4, 4, 4, 4]).progress.output_ids == [4] * 5  # max_new_tokens
     # a stop string found in the decoded tail, across tokens ("b" "c" "d" -> "bcd")
     s = _stopped(SamplingParams(max_new_tokens=9, stop=("cd", "zz")), [2, 3, 4, 5])
-    assert (s.finish_reason, s.matched_stop, len(s.output_ids)) == ("stop", "cd", 3)
+    assert (s.outcome.finish_reason, s.outcome.matched_stop, len(s.progress.output_ids)) == (
+        "stop",
+        "cd",
+        3,
+    )
     assert not _stopped(SamplingParams(max_new_tokens=9, stop=("ca",)), [3, 2, 4]).finished
 
 
 def test_stop_check_ends_at_the_context_length():
     checker = StopChecker((), context_len=4, decode=lambda ids: "")
     r = req("s", [2, 3, 4], SamplingParams(max_new_tokens=9))
-    r.output_ids.append(5)
+    r.progress.output_ids.append(5)
     checker.check(r, 5)
-    assert r.finish_reason == "length"
+    assert r.outcome.finish_reason == "length"
 
 
 def test_hit_counters() -> None:

@@ -17,9 +17,9 @@ def _decode(ids: list[int]) -> str:
 
 def _run(params: SamplingParams, tokens: list[int]) -> Req:
     checker = StopChecker(eos_token_ids=(), context_len=100, decode=_decode)
-    req = Req("r", np.asarray([1, 2], dtype=np.int64), params)
+    req = Req.of("r", np.asarray([1, 2], dtype=np.int64), params)
     for token in tokens:
-        req.output_ids.append(token)
+        req.progress.output_ids.append(token)
         checker.check(req, token)
         if req.finished:
             break
@@ -28,11 +28,15 @@ def _run(params: SamplingParams, tokens: list[int]) -> Req:
 
 def test_a_stop_string_ends_the_request_at_the_token_that_completes_it():
     req = _run(SamplingParams(max_new_tokens=10, stop=["xy"]), [1, 3, 4, 1, 2])
-    assert (req.finish_reason, req.matched_stop, req.output_ids) == ("stop", "xy", [1, 3, 4])
+    assert (req.outcome.finish_reason, req.outcome.matched_stop, req.progress.output_ids) == (
+        "stop",
+        "xy",
+        [1, 3, 4],
+    )
 
 
 def test_the_last_allowed_token_completing_a_stop_string_is_a_stop_not_a_length():
     req = _run(SamplingParams(max_new_tokens=3, stop=["xy"]), [1, 3, 4])
-    assert (req.finish_reason, req.matched_stop) == ("stop", "xy")
+    assert (req.outcome.finish_reason, req.outcome.matched_stop) == ("stop", "xy")
     req = _run(SamplingParams(max_new_tokens=3, stop=["xy"]), [1, 3, 1])
-    assert (req.finish_reason, req.matched_stop) == ("length", None)
+    assert (req.outcome.finish_reason, req.outcome.matched_stop) == ("length", None)
