@@ -1,15 +1,17 @@
 """Attention backends: the only code that touches the KV cache.
 
 Model code calls `attn.forward(q, k, v, layer_id, scale)` (gpt-oss adds its layer's attention
-`sinks`) and never sees slots or kernels; what differs by layer (windows, soft-caps, sinks) the
-backend knows from the model's `AttentionSpec`, given when it is made. The
-runner calls `prepare(batch)` once per step, which turns the numpy plan of a `ForwardBatch` into
-device tensors; every layer then reuses them. Backends are entries of the lazy registry
-`ATTENTION_BACKENDS` ("module:Class", imported only when chosen): the torch-native reference is
-listed here, and each device backend registers its own kernels when its package loads
-(`localradix.backends.cuda`: FlashInfer; `localradix.backends.npu`: the fused Ascend ops), so
-optional kernel libraries load only where they are used. This module itself imports no torch; the numpy plan the
-torch-native and MLX backends share is `attention_plan`.
+`sinks`), or first `attn.rope_store(...)` (q/k norm, RoPE and the K/V store: one kernel where
+the backend has one), then `forward(..., stored=True)`; it never sees slots or kernels. What
+differs by layer (windows, soft-caps, sinks) the backend knows from the model's
+`AttentionSpec`, given when it is made. The runner calls `prepare(batch)` once per step, which
+turns the numpy plan of a `ForwardBatch` into device tensors; every layer then reuses them.
+Backends are entries of the lazy registry `ATTENTION_BACKENDS` ("module:Class", imported only
+when chosen): the torch-native reference is listed here, and each device backend registers its
+own kernels when its package loads (`localradix.backends.cuda`: FlashInfer;
+`localradix.backends.npu`: the fused Ascend ops), so optional kernel libraries load only where
+they are used. This module itself imports no torch; the numpy plan the torch-native and MLX
+backends share is `attention_plan`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class AttentionBackend(ABC):
 
     Invariants: slot 0 is a dummy (padding writes and reads land there, never real data);
     `prepare` is called once per step before any `forward`; `forward` is called once per layer
-    per step, in any layer order, with the new tokens of that step in `ForwardBatch` order.
+    per step, in any layer order, with the new tokens of that step in `ForwardBatch` order;
+    `rope_store`, when a model uses it, runs just before its layer's `forward(stored=True)`.
     """
 
     def __init__(
@@ -129,6 +132,36 @@ class AttentionBackend(ABC):
         """Turn the step's numpy plan into device tensors / kernel metadata, once per step."""
 
     @abstractmethod
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+        """Write k, v [T, Hkv, D] of the step's new tokens into layer `layer_id`'s cache at the
+        batch's `out_slots` (cast to the cache's dtype)."""
+
+    def rope_store(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Norm and rotate q and k, store k and v: the work before attention, one call.
+
+        qk [T, Hq + Hkv, D] (q heads, then k heads) gets each head's RMSNorm times
+        `norm_weight` [Hq + Hkv, D] (None: no q/k norm), then RoPE on each head's leading R
+        dims with cos / signed sin [T, 1, R] (None: a layer without RoPE); the rotated k and v
+        [T, Hkv, D] go to the cache as `store_kv` puts them. Returns (q [T, Hq, D], k) for
+        `forward(q, k, v, layer_id, scale, stored=True)`. This reference runs `ops.qk_norm_rope`
+        and `store_kv`; a backend may do all of it in one kernel (Triton).
+        """
+        qk = self.ops.qk_norm_rope(qk, norm_weight, cos, sin, eps)
+        kv_heads = v.shape[1]
+        q, k = qk[:, :-kv_heads], qk[:, -kv_heads:]
+        self.store_kv(k, v, layer_id)
+        return q, k
+
+    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,
@@ -137,8 +170,10 @@ class AttentionBackend(ABC):
         layer_id: int,
         scale: float,
         sinks: torch.Tensor | None = None,
+        stored: bool = False,
     ) -> torch.Tensor:
-        """Store k/v at the batch's `out_slots`, then attend causally; returns [T, Hq * D].
+        """Store k/v at the batch's `out_slots` (unless `stored`: `rope_store` did), then
+        attend causally; returns [T, Hq * D].
 
         q: [T, Hq, D]; k, v: [T, Hkv, D] for the T new tokens. A new token at position p sees
         its request's slots of positions <= p (prefix from the cache, plus the new tokens).
@@ -149,6 +184,20 @@ class AttentionBackend(ABC):
         CUDA graph may capture), while the backend is built from the config alone: only
         backends with `applies_sinks` take a model that has them (`from_model_config`).
         """
+
+
+def store_slots(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """Write k, v [T, Hkv, D] at token `slots` of one layer's caches, cast to their dtype. The
+    caches may be paged ([pages, page_size, Hkv, D]): slot s is row s of their flat view."""
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        flat = cache if cache.dim() == new.dim() else cache.view(-1, *new.shape[1:])
+        flat.index_copy_(0, slots, new.to(cache.dtype))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

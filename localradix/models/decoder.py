@@ -6,9 +6,9 @@ embeddings, GQA, RoPE theta/scaling (longrope: Phi-3), partial RoPE (Phi-4-mini)
 without RoPE (SmolLM3), a mixture-of-experts MLP (`moe.py`: Mixtral, Qwen3-MoE, whose
 `mlp_only_layers` / `decoder_sparse_step` keep some layers dense); Phi-3's fused checkpoint
 names are the weight loader's business. The hot path is lean on purpose: fused qkv and
-gate_up matmuls, RoPE applied to q and k in one go, functional ops on raw parameters, and
-layers called via `.forward` (no nn.Module hook machinery), because per-op Python overhead
-dominates small models on CPU.
+gate_up matmuls, q/k norm + RoPE + K/V store as one backend call (`attn.rope_store`),
+functional ops on raw parameters, and layers called via `.forward` (no nn.Module hook
+machinery), because per-op Python overhead dominates small models on CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class _Factory:
 
 
 Rotation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_CosSin = tuple[torch.Tensor | None, torch.Tensor | None]  # (None, None): a layer without RoPE
 
 
 def _rotation(config: ModelConfig, layer_id: int) -> Rotation | None:
@@ -101,14 +102,11 @@ class DecoderLayer(nn.Module):
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) D]
         tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(tokens, self.num_qk_heads, self.head_dim)
-        if self.qk_norm_weight is not None:
-            qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.qk_norm_weight
-        if self.rotate is not None:
-            qk = self.rotate(qk, cos, sin)
         v = qkv[:, self.qk_size :].view(tokens, -1, self.head_dim)
-        o = attn.forward(
-            qk[:, : self.num_heads], qk[:, self.num_heads :], v, self.layer_id, self.scale
-        )
+        rope: _CosSin = (cos, sin) if self.rotate is not None else (None, None)
+        # q/k norm, RoPE and the K/V store: one call (one kernel with the Triton backend)
+        q, k = attn.rope_store(qk, v, self.layer_id, *rope, self.qk_norm_weight, self.eps)
+        o = attn.forward(q, k, v, self.layer_id, self.scale, stored=True)
         o = self.tp.all_reduce(F.linear(o, self.o_weight))
         h, residual = attn.ops.add_rms_norm(o, residual, self.post_norm, self.eps)
         if self.moe is not None:  # each rank's experts hold a slice of their rows: sum them

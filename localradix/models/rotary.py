@@ -3,7 +3,8 @@
 The table is computed in float32 exactly as transformers does (positions * inv_freq, then
 cos/sin) and stored in the model dtype, so indexing it equals transformers' on-the-fly values.
 The sign of rotate_half is folded into the sin table, so applying RoPE is roll + mul + addcmul.
-With partial RoPE the table covers only the rotated leading dims of a head.
+With partial RoPE the table covers only the rotated leading dims of a head. Applying it
+(`apply_rotary`, re-exported here) lives with the fused ops in `model_api/layer_ops.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 
 import torch
 
+from localradix.model_api.layer_ops import apply_partial_rotary as apply_partial_rotary
+from localradix.model_api.layer_ops import apply_rotary as apply_rotary
 from localradix.models.config import ModelConfig, RopeScaling
 
 
@@ -115,14 +118,3 @@ class RotaryTable:
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin for these positions, shaped [T, 1, D] to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] -> x * cos + rotate_half(x) * sin (rotate_half's sign lives in `sin`)."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
-
-
-def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the leading cos.shape[-1] dims of each head; the rest pass through."""
-    rot = cos.shape[-1]
-    return torch.cat([apply_rotary(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)

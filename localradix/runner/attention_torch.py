@@ -2,10 +2,9 @@
 
 Per layer: K/V of the new tokens go to the cache with one `index_copy_`; all decode requests
 (one new token each) run as ONE batched SDPA over K/V gathered into a [B, L] slot table, or,
-when their lengths differ (a key-padding mask), as grouped matmuls (split into a few calls
-only when the gathered K/V would pass `decode_gather_bytes`); each extend (prefill) request
-runs as its own SDPA with a causal mask shifted by its cached prefix length (plain
-`is_causal` when it has no prefix).
+when their lengths differ (a key-padding mask), as grouped matmuls (split into a few calls only
+when the gathered K/V would pass `decode_gather_bytes`); each extend (prefill) request runs as
+its own SDPA with a causal mask shifted by its cached prefix (`is_causal` when it has none).
 
 Decode requests that share a cached prefix (the same radix-tree slots, e.g. one system prompt)
 attend to it once per group ("cascade" attention, as FlashInfer's cascade kernels do): one
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention import AttentionBackend, store_slots
 from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner import attention_plan as plans
@@ -127,6 +126,9 @@ class TorchNativeAttention(AttentionBackend):
     def _extends(self) -> list[_ExtendPlan]:
         return self._plans.get(0, ([], []))[1]
 
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+        store_slots(self.k_cache[layer_id], self.v_cache[layer_id], self._out_slots, k, v)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -135,10 +137,11 @@ class TorchNativeAttention(AttentionBackend):
         layer_id: int,
         scale: float,
         sinks: torch.Tensor | None = None,
+        stored: bool = False,
     ) -> torch.Tensor:
+        if not stored:
+            self.store_kv(k, v, layer_id)
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
-        k_cache.index_copy_(0, self._out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self._out_slots, v.to(v_cache.dtype))
         decodes, extends = self._plans[self.windows[layer_id]]
         num_tokens, num_heads, head_dim = q.shape
         sinks = None if sinks is None else sinks.float()

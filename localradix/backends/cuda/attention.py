@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention import AttentionBackend, store_slots
 from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.torch_runner import device_event
@@ -154,6 +154,9 @@ class FlashInferAttention(AttentionBackend):
         wrapper.plan(*args, **kwargs)
         self._plan_copied[id(wrapper)] = device_event(self.device)
 
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+        store_slots(self.k_cache[layer_id], self.v_cache[layer_id], self._out_slots, k, v)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -162,13 +165,13 @@ class FlashInferAttention(AttentionBackend):
         layer_id: int,
         scale: float,
         sinks: torch.Tensor | None = None,  # never given: applies_sinks is False
+        stored: bool = False,
     ) -> torch.Tensor:
         if abs(scale - self.sm_scale) > 1e-6 * self.sm_scale:
             raise ValueError(f"planned for softmax scale {self.sm_scale}, got {scale}")
+        if not stored:
+            self.store_kv(k, v, layer_id)
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
-        slots = (-1, self.num_kv_heads, self.head_dim)
-        k_cache.view(slots).index_copy_(0, self._out_slots, k)
-        v_cache.view(slots).index_copy_(0, self._out_slots, v)
         out = self._active.run(q.contiguous(), (k_cache, v_cache))  # [T, Hq, D]
         return out.reshape(q.shape[0], -1)
 

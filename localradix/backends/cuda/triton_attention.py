@@ -6,7 +6,8 @@ backend (a page is `page_size` consecutive slots, so every page size reads alike
 plan is the `ForwardBatch` slot table itself, copied to the device once in `prepare`: a
 decode-only batch runs the split-KV decode kernels, any other batch the extend kernel for
 every request (a decode inside a mixed batch is a one-token extend). The kernels are in
-`triton_kernels.py`.
+`triton_kernels.py`. Before attention, a layer's q/k norm, RoPE and K/V store run as one
+kernel too (`rope_store`, `triton_rope.py`).
 
 Decode batches run under CUDA graphs (`graph_state` / `prepare_graph`, used by
 `localradix.backends.cuda.graphs`): each captured batch size reads fixed buffers that are
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from localradix.model_api.attention import AttentionBackend
+from localradix.model_api.attention import AttentionBackend, store_slots
 from localradix.model_api.attention_spec import AttentionSpec
 from localradix.model_api.kv_layout import KVLayout
 from localradix.runner.kv_transfer import allocate_kv, layer_caches
@@ -103,10 +104,10 @@ class TritonAttention(AttentionBackend):
         super().__init__(layout, device, spec)
         if torch.device(device).type == "cpu":
             _require_interpreter()
-        from localradix.backends.cuda import triton_kernels
+        from localradix.backends.cuda import triton_kernels, triton_rope
         from localradix.backends.cuda.triton_ops import TritonLayerOps
 
-        self.kernels = triton_kernels
+        self.kernels, self.rope = triton_kernels, triton_rope
         self.ops = TritonLayerOps()  # add + RMSNorm and SiLU · mul, one kernel each
         self.kv_groups = allocate_kv(layout, self.dtype, device)  # per shape: (k, v)
         self.k_cache, self.v_cache = layer_caches(layout, self.kv_groups)
@@ -126,6 +127,27 @@ class TritonAttention(AttentionBackend):
             programs = batch.num_reqs * self.num_kv_heads
             self._splits = decode_splits(int(batch.seq_lens.max()), programs)
 
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+        store_slots(self.k_cache[layer_id], self.v_cache[layer_id], self._out_slots, k, v)
+
+    def rope_store(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference's work as one kernel (`triton_rope.py`): one program per token."""
+        k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
+        qk = self.rope.qk_norm_rope_store(
+            qk, v, norm_weight, cos, sin, eps, self._out_slots, k_cache, v_cache
+        )
+        kv_heads = v.shape[1]
+        return qk[:, :-kv_heads], qk[:, -kv_heads:]
+
     def forward(
         self,
         q: torch.Tensor,
@@ -134,10 +156,11 @@ class TritonAttention(AttentionBackend):
         layer_id: int,
         scale: float,
         sinks: torch.Tensor | None = None,
+        stored: bool = False,
     ) -> torch.Tensor:
+        if not stored:
+            self.store_kv(k, v, layer_id)
         k_cache, v_cache = self.k_cache[layer_id], self.v_cache[layer_id]
-        k_cache.index_copy_(0, self._out_slots, k)
-        v_cache.index_copy_(0, self._out_slots, v)
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = q.new_empty(q.shape)

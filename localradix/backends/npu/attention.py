@@ -59,7 +59,7 @@ class NpuFusedAttention(AttentionBackend):
         import torch_npu
 
         super().__init__(layout, device, spec)
-        self.ops: Any = torch_npu
+        self.npu: Any = torch_npu  # (`self.ops` stays the model's LayerOps)
         self.num_heads, self.page_size = num_heads, layout.page_size
         self.paged = layout.page_size % BLOCK_MULTIPLE == 0
         whole_pages = layout.pages * layout.page_size  # the cache is whole blocks
@@ -67,14 +67,12 @@ class NpuFusedAttention(AttentionBackend):
         self.fused = self.dtype in (torch.float16, torch.bfloat16)
         self._scale_kw = "scale"  # older torch_npu releases name it scale_value
         self._plan: dict[str, Any] | None = None
-        self._out_slots = torch.zeros(0, dtype=torch.long, device=device)
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.native.prepare(batch)
         self._plan = None
         if self.fused and batch.is_decode_only and (self.paged or self._gather_fits(batch)):
             self._plan = self._plan_decode(batch)
-            self._out_slots = self._tensor(batch.out_slots)
 
     def _gather_fits(self, batch: ForwardBatch) -> bool:
         """Gathered K/V stay within the native backend's budget (it splits bigger batches)."""
@@ -89,6 +87,9 @@ class NpuFusedAttention(AttentionBackend):
             return {"block_table": table, "actual_seq_lengths_kv": lens}
         return {"slots": self._tensor(slot_table(batch)), "actual_seq_lengths_kv": lens}
 
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+        self.native.store_kv(k, v, layer_id)  # (the same cache and out_slots)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -97,18 +98,19 @@ class NpuFusedAttention(AttentionBackend):
         layer_id: int,
         scale: float,
         sinks: torch.Tensor | None = None,  # never given: applies_sinks is False
+        stored: bool = False,
     ) -> torch.Tensor:
         if self._plan is None:
-            return self.native.forward(q, k, v, layer_id, scale)
+            return self.native.forward(q, k, v, layer_id, scale, stored=stored)
+        if not stored:
+            self.store_kv(k, v, layer_id)
         k_cache, v_cache = self.native.k_cache[layer_id], self.native.v_cache[layer_id]
-        k_cache.index_copy_(0, self._out_slots, k)
-        v_cache.index_copy_(0, self._out_slots, v)
         try:
             return self._fused_decode(q, k_cache, v_cache, scale)
         except (RuntimeError, TypeError, AttributeError) as exc:
             logger.warning("fused NPU attention unavailable (%s); using torch-native", exc)
             self.fused, self._plan = False, None
-            return self.native.forward(q, k, v, layer_id, scale)
+            return self.native.forward(q, k, v, layer_id, scale, stored=True)
 
     def _fused_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
@@ -133,7 +135,7 @@ class NpuFusedAttention(AttentionBackend):
         return out.reshape(batch, heads * dim)
 
     def _call(self, args: tuple[torch.Tensor, ...], kw: dict[str, Any], scale: float) -> Any:
-        op = self.ops.npu_fused_infer_attention_score
+        op = self.npu.npu_fused_infer_attention_score
         try:
             return op(*args, **kw, **{self._scale_kw: scale})[0]
         except TypeError:
