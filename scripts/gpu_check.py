@@ -15,9 +15,10 @@
    the same sequence, or within a near-tie tolerance of it (printed).
 3. bf16 parity: the chosen kernels (`--attention`: FlashInfer, else Triton, else torch-native)
    + CUDA graphs against transformers fp32 (wider tolerance), and their logits against the
-   torch-native attention's on the same bf16 weights.
+   torch-native attention's on the same bf16 weights; decode steps sampled inside the graph
+   (greedy, seeded random, filtered rows) against the eager sampler on the same logits.
 4. bf16 speed (medians of 3 timed runs): decode at batch 1, 32, 128 with and without CUDA
-   graphs (plain and overlapped steps); decode of 32 requests of mixed lengths; a 2k-token
+   graphs (plain and overlapped steps; random sampling in the graph vs after an eager step); decode of 32 requests of mixed lengths; a 2k-token
    extend over an 8k cached prefix against a prefix-free 2k prefill; prefill of 4096 tokens;
    the fraction of the roofline reached at batch 1 (target >= 50%); transformers with a
    static cache and torch.compile at batch 1, as a same-GPU reference.
@@ -221,6 +222,56 @@ def generate(
     return out, logits_log
 
 
+def mixed_sampling(n: int, step: int) -> SamplingBatch:
+    """Greedy, seeded random and filtered rows (what the captured sampler must reproduce)."""
+    kinds = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, seed=step),
+        SamplingParams(temperature=1.0, top_p=0.9, top_k=40, min_p=0.02),
+    ]
+    params = [kinds[(i + step) % len(kinds)] for i in range(n)]
+    return SamplingBatch.build(params, np.random.default_rng(step).random(n), [None] * n)
+
+
+def check_graph_sampling(runner: Any, vocab: int, report: Report, steps: int = 8) -> None:
+    """Decode steps sampled inside the CUDA graph must pick exactly the eager sampler's tokens
+    on the same logits; reports whether the graph sampled at all."""
+    from localradix.runner.sampler import sample
+
+    graphs = getattr(runner, "graphs", None)
+    if graphs is None:
+        report.numbers["graph_sampling"] = {"in_graph": False, "why": "no decode graphs"}
+        print("graph sampling: no decode graphs on this runner (sampled eagerly)", flush=True)
+        return
+    slots = Slots(runner.page_size, runner.kv_capacity)
+    prompts = {
+        f"g{i}": [3 + (7 * i + j) % (vocab - 3) for j in range(24 + 5 * i)] for i in range(5)
+    }
+    prefill_all(runner, slots, prompts, budget=4096)
+    last, same, before = {n: [5] for n in prompts}, 0, dict(graphs.counts)
+    for step in range(steps):
+        batch, sb = slots.batch(last), mixed_sampling(len(last), step)
+        got = runner.sample_step(batch, sb).token_ids.cpu().numpy()
+        want = sample(runner.logits(batch), sb).token_ids  # the same step, sampled eagerly
+        same += int(np.array_equal(got, want))
+        last = {n: [int(t)] for n, t in zip(prompts, got)}
+    in_graph = graphs.counts["sampled_in_graph"] - before["sampled_in_graph"]
+    report.numbers["graph_sampling"] = {"in_graph": in_graph > 0, "steps": steps, "equal": same}
+    report.check(
+        "sampling inside the CUDA graph",
+        in_graph == steps and same == steps,
+        f"{in_graph}/{steps} steps sampled in the graph, {same}/{steps} equal to eager sampling",
+    )
+
+
+def report_device_table(runner: Any, report: Report) -> None:
+    """Whether the runner built kv_indices from a device copy of the request table."""
+    used = getattr(runner, "device_table", None) is not None
+    report.numbers["device_table"] = used
+    where = "on the device" if used else "on the host (no device request table)"
+    print(f"kv_indices: built {where}", flush=True)
+
+
 def check_greedy(hf: Any, prompts: dict, ours: dict, tol: float, report: Report, name: str):
     """Teacher-forced: transformers on prompt + our tokens; ours must be its argmax or a tie."""
     worst, exact, total = 0.0, 0, 0
@@ -347,10 +398,10 @@ def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev:
     prefill_all(runner, slots, prompts, budget=8192)
     last = {n: [5] for n in prompts}
 
-    def plain() -> None:
+    def plain(sampling: SamplingBatch | None = None) -> None:
         nonlocal last
         for _ in range(steps):
-            out = runner.forward(slots.batch(last), greedy(batch))
+            out = runner.forward(slots.batch(last), sampling or greedy(batch))
             last = {n: [int(t)] for n, t in zip(prompts, out.token_ids)}
         sync(dev)
 
@@ -358,8 +409,12 @@ def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev:
         runner.forward(slots.batch(last), greedy(batch))
     sync(dev)
     rates = {"plain": median_rate(plain, batch * steps)}
+    if runner.graphs is not None:  # seeded random + filtered rows: the sampler in the graph
+        rates["sampled"] = median_rate(lambda: plain(mixed_sampling(batch, 1)), batch * steps)
     graphs, runner.graphs = runner.graphs, None
     rates["eager"] = median_rate(plain, batch * steps) if graphs is not None else rates["plain"]
+    if graphs is not None:  # the same rows sampled after an eager step
+        rates["sampled_eager"] = median_rate(lambda: plain(mixed_sampling(batch, 1)), batch * steps)
     runner.graphs = graphs
     overlap = OverlapRunner(runner, capacity=4 * batch)
     pending = overlap.launch(slots.batch(last), greedy(batch))
@@ -375,7 +430,7 @@ def bench_decode(runner: Any, batch: int, ctx: int, steps: int, vocab: int, dev:
 
     rates["overlap"] = median_rate(overlapped, batch * steps)
     pending.result()
-    # the mean context of the plain runs (the roofline's KV bytes); 9 runs in all grow it
+    # the mean context of the plain runs (the roofline's KV bytes), which come first
     return {**rates, "context": ctx + 6 + 3 * steps // 2}
 
 
@@ -479,6 +534,12 @@ def run_speed(runner: Any, opts: argparse.Namespace, clock: Clock, report: Repor
             f"graphs), {r['overlap']:9.1f} tok/s overlapped (context ~{r['context']})",
             flush=True,
         )
+        if "sampled" in r:
+            print(
+                f"decode batch {batch:>3}, random sampling: {r['sampled']:9.1f} tok/s sampled in "
+                f"the graph, {r['sampled_eager']:.1f} eager step + sampler",
+                flush=True,
+            )
         if batch == 1:
             roofline(model, per_token_kv, r, opts, report)
     if clock.allows("mixed-length decode", 30, report):
@@ -645,6 +706,8 @@ def run_checks(hf: Any, folder: Path, opts: argparse.Namespace, clock: Clock, re
     if not opts.device.startswith("cuda"):
         report.skipped.append("bf16 FlashInfer parity (needs CUDA)")
         bench = build_runner(folder, opts.device, "float32", args)
+        check_graph_sampling(bench, vocab, report)
+        report_device_table(bench, report)
         run_speed(bench, opts, clock, report)
         return
     if clock.allows("bf16 parity and speed", 60, report):
@@ -654,8 +717,8 @@ def run_checks(hf: Any, folder: Path, opts: argparse.Namespace, clock: Clock, re
 def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clock, report):
     from localradix.backends.cuda.runner import DeviceRunner
 
-    # Each decode batch's requests hold their context and all 9 timed runs' tokens at once.
-    kv = max(opts.decode_batches) * (opts.context + 9 * opts.steps + 16) + opts.page_size
+    # Each decode batch's requests hold their context and all 15 timed runs' tokens at once.
+    kv = max(opts.decode_batches) * (opts.context + 15 * opts.steps + 16) + opts.page_size
     args = ServerArgs(mem_fraction=opts.mem_fraction, context_length=8192, max_total_tokens=kv)
     mixed = opts.mixed_batch * opts.mixed_range[1] + sum(opts.extend_over) * 4
     args = args.replace(
@@ -673,6 +736,8 @@ def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clo
     report.numbers["bf16_attention"] = kind
     ours, logs = generate(runner, prompts, opts.parity_new)
     check_greedy(hf, prompts, ours, BF16_TOL, report, f"bf16 {kind} greedy vs transformers fp32")
+    check_graph_sampling(runner, hf.config.vocab_size, report)
+    report_device_table(runner, report)
     if kind != "TorchNativeAttention":
         from localradix.runner.runner_config import RunnerConfig
 

@@ -144,7 +144,7 @@ class OverlapRunner(ModelRunner):
             ids = torch.from_numpy(batch.input_ids).to(self.runner.device, non_blocking=True)
             if bool((batch.input_ids < 0).any()):
                 ids = resolve_placeholders(ids, self.ring)
-            out = sample_on_device(self.runner.logits(batch, ids), sampling)
+            out = self._sample_step(batch, sampling, ids)
             entries = self.futures.reserve(batch.num_rows)  # one per row; a verify has several
             index = torch.from_numpy(entries).to(self.runner.device, non_blocking=True)
             self.ring.index_copy_(0, index, out.token_ids)
@@ -153,6 +153,15 @@ class OverlapRunner(ModelRunner):
             pooled = None if pooled is None else self.copies.to_host(pooled)
             last = FutureTokens.placeholders(entries[batch.last_row])
             return PendingStep(last, host, self.copies.event(), pooled)
+
+    def _sample_step(
+        self, batch: ForwardBatch, sampling: SamplingBatch, ids: torch.Tensor
+    ) -> DeviceSample:
+        """The inner runner's own step (a graph may sample inside it), else logits + sampler."""
+        step = getattr(self.runner, "sample_step", None)
+        if step is not None:
+            return step(batch, sampling, ids)
+        return sample_on_device(self.runner.logits(batch, ids), sampling)
 
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
         """Synchronous use (no overlap): launch and wait."""

@@ -111,20 +111,35 @@ def apply_vocab_mask(logits: torch.Tensor, mask: np.ndarray) -> torch.Tensor:
 
 def _sample_random(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     device = logits.device
-    temperature = _on(sb.temperature, device)
+    columns = (sb.temperature, sb.top_p, np.where(sb.top_k > 0, sb.top_k, 0), sb.min_p)
+    temperature, top_p, top_k, min_p = (_on(c, device) for c in columns)
+    u = _on(sb.uniform, device, logits.dtype)
+    return sample_rows(logits, temperature, top_p, top_k, min_p, u, filters=_needs_filter(sb))
+
+
+def sample_rows(
+    logits: torch.Tensor,  # float32 [B, V]
+    temperature: torch.Tensor,  # float32 [B]; 0 = greedy
+    top_p: torch.Tensor,  # float32 [B]; 1 = off
+    top_k: torch.Tensor,  # int64 [B]; 0 = off
+    min_p: torch.Tensor,  # float32 [B]; 0 = off
+    uniform: torch.Tensor,  # float32 [B]: each row's draw in [0, 1)
+    filters: bool = True,
+) -> torch.Tensor:
+    """Each row's token (int64 [B]) from tensors only: no host sync, so a CUDA graph can hold
+    it. A row whose filters are off gets the same token with `filters` on or off."""
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     probs = torch.softmax(scaled, dim=-1)
-    if _needs_filter(sb):
+    if filters:
         # Filter on the sorted distribution, then pick in vocabulary order like an unfiltered
         # row: a seeded row's token must not depend on whether a batch mate filters.
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
         cut = torch.empty_like(order, dtype=torch.bool)
-        cut.scatter_(1, order, _filter_mask(sorted_probs, sb))
+        cut.scatter_(1, order, _filter_mask(sorted_probs, top_p, top_k, min_p))
         probs = probs.masked_fill(cut, 0.0)
     cdf = probs.cumsum(dim=-1)
-    u = _on(sb.uniform, device, cdf.dtype)
-    pos = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+    pos = torch.searchsorted(cdf, (uniform.to(cdf.dtype) * cdf[:, -1])[:, None], right=True)
     # u * total can round up to the total: stay on the last token that can be drawn.
     last = probs.shape[1] - 1 - (probs.flip(1) > 0).to(torch.int8).argmax(dim=-1, keepdim=True)
     picked = torch.minimum(pos, last)
@@ -135,15 +150,16 @@ def _needs_filter(sb: SamplingBatch) -> bool:
     return bool((sb.top_p < 1).any() or (sb.min_p > 0).any() or (sb.top_k > 0).any())
 
 
-def _filter_mask(sorted_probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    """True where a (descending-sorted) token is cut by top-k, top-p or min-p."""
+def _filter_mask(
+    sorted_probs: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """True where a (descending-sorted) token is cut by top-k, top-p or min-p; a row whose
+    filter is off cuts nothing (top-p 1 included: cumulative sums may round past 1)."""
     device, vocab = sorted_probs.device, sorted_probs.shape[1]
-    top_k = _on(np.where(sb.top_k > 0, sb.top_k, vocab), device)
-    top_p = _on(sb.top_p, device)
-    min_p = _on(sb.min_p, device)
     rank = torch.arange(vocab, device=device)[None, :]
-    mask = rank >= top_k[:, None]
-    mask |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p[:, None]
+    mask = rank >= torch.where(top_k > 0, top_k, vocab)[:, None]
+    p_cap = torch.where(top_p < 1, top_p, torch.full_like(top_p, float("inf")))
+    mask |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > p_cap[:, None]
     mask |= sorted_probs < (min_p * sorted_probs[:, 0])[:, None]
     mask[:, 0] = False  # the most likely token always survives
     return mask

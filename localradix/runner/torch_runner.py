@@ -20,7 +20,7 @@ from localradix.runner.kv_budget import plan_kv_budget, snapshot_budget
 from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.pooling import pool_hidden
 from localradix.runner.runner_config import RunnerConfig
-from localradix.runner.sampler import sample
+from localradix.runner.sampler import DeviceSample, sample_on_device
 from localradix.step import ForwardBatch, SampleOutput, SamplingBatch
 
 logger = logging.getLogger("localradix.runner")
@@ -134,8 +134,16 @@ class TorchRunner(ModelRunner):
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
+    def sample_step(
+        self, batch: ForwardBatch, sampling: SamplingBatch, input_ids: torch.Tensor | None = None
+    ) -> DeviceSample:
+        """Run `batch` and sample it, leaving the results on the device (see `logits`)."""
+        return sample_on_device(self.logits(batch, input_ids), sampling)
+
+    @torch.inference_mode()
     def forward(self, batch: ForwardBatch, sampling: SamplingBatch) -> SampleOutput:
-        out = sample(self.logits(batch), sampling)
+        # A copy even on the CPU: a graph's ids live in a buffer its next replay rewrites.
+        out = self.sample_step(batch, sampling).map(lambda t: t.to("cpu", copy=True)).numpy()
         if batch.pooling is None or self.pooled is None:
             return out
         return dataclasses.replace(out, pooled=self.pooled.cpu().numpy())

@@ -290,6 +290,91 @@ def test_device_runner_graphs_match_reference(fake_flashinfer, tiny_bf16, page_s
     assert api.replays == 5 and pooled is not None and pooled.shape == (1, config.hidden_size)
 
 
+def _mixed_sampling(n: int, step: int, logprobs: int | None = None) -> SamplingBatch:
+    """Greedy, seeded random and filtered rows whose parameters change every step."""
+    rng = np.random.default_rng(step)
+    kinds = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5 + step / 4, seed=step),
+        SamplingParams(temperature=1.0, top_p=0.5 + step / 20, top_k=3 + step, min_p=0.02),
+        SamplingParams(temperature=2.0 - step / 5),
+    ]
+    params = [kinds[(i + step) % 4].replace(logprobs=logprobs) for i in range(n)]
+    return SamplingBatch.build(params, rng.random(n), [None] * n)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_sampling_inside_the_graph_equals_eager_sampling(fake_flashinfer, tiny_bf16, page_size):
+    """A graph-run decode step samples inside the graph (fixed parameter buffers refilled per
+    replay) and gets exactly the tokens the eager sampler picks from the same logits; a step
+    that asks for logprobs is sampled eagerly after the replay."""
+    from localradix.backends.cuda.runner import DeviceRunner
+    from localradix.runner.sampler import sample
+
+    model, config = tiny_bf16
+    args = ServerArgs(max_total_tokens=256 * page_size - 1, page_size=page_size)
+    args = args.replace(max_running_requests=4, context_length=128)
+    api = FakeGraphApi(fake_flashinfer)
+    runner = DeviceRunner(model, config, args, "cpu", torch.bfloat16, "flashinfer", graph_api=api)
+    assert runner.graphs is not None
+    slots = PagedSlots(256, page_size, seed=5)
+    for step, new in enumerate(GRAPH_STEPS):
+        batch = slots.batch(new)
+        sb = _mixed_sampling(batch.num_reqs, step)
+        got = runner.sample_step(batch, sb).token_ids.clone()  # the next replay rewrites it
+        assert got.shape == (batch.num_reqs,)  # padding rows never come back
+        want = sample(runner.logits(batch), sb).token_ids  # same step again, sampled eagerly
+        np.testing.assert_array_equal(got.numpy(), want)
+    counts = runner.graphs.counts
+    assert counts["sampled_in_graph"] == 4 and counts["sampled_eagerly"] == 0
+    batch = slots.batch({"a": [3], "b": [4], "c": [5]})
+    sb = _mixed_sampling(3, 9, logprobs=2)
+    out = runner.sample_step(batch, sb)
+    assert counts["sampled_eagerly"] == 1 and out.top_ids is not None
+    want = sample(runner.logits(batch), sb)
+    np.testing.assert_array_equal(out.token_ids.numpy(), want.token_ids)
+    # `forward` hands back a copy: the next replay rewrites the graph's id buffer.
+    first = runner.forward(slots.batch({"a": [1], "b": [2], "c": [3]}), _mixed_sampling(3, 1))
+    kept = first.token_ids.copy()
+    second = runner.forward(slots.batch({"a": [4], "b": [5], "c": [6]}), _mixed_sampling(3, 2))
+    assert not np.array_equal(second.token_ids, kept)
+    np.testing.assert_array_equal(first.token_ids, kept)
+
+
+def test_overlapped_graph_sampling_matches_sync(fake_flashinfer, tiny_fp16):
+    """Overlapped steps over graphs that sample inside: the ring and the host copies take
+    the graph's fixed id buffer before the next replay rewrites it."""
+    from localradix.backends.cuda.runner import DeviceRunner
+    from localradix.runner.overlap import OverlapRunner
+
+    model, config = tiny_fp16
+    args = ServerArgs(max_total_tokens=511, max_running_requests=4, context_length=128)
+    prompts = {"a": _prompt(6, 1), "b": _prompt(9, 2), "c": _prompt(4, 3)}
+
+    def run(overlapped: bool) -> tuple[list[list[int]], dict[str, int]]:
+        api = FakeGraphApi(fake_flashinfer)
+        base = DeviceRunner(model, config, args, "cpu", torch.float16, "flashinfer", graph_api=api)
+        runner = OverlapRunner(base, capacity=64)
+        slots, seqs = PagedSlots(512, 1), []
+        pending = runner.launch(slots.batch(prompts), _mixed_sampling(3, 0))
+        for step in range(1, 6):
+            if overlapped:
+                new = {n: [int(p)] for n, p in zip(prompts, pending.placeholders)}
+                nxt = runner.launch(slots.batch(new), _mixed_sampling(3, step))
+                seqs.append(pending.result().token_ids.tolist())
+            else:
+                out = pending.result()
+                seqs.append(out.token_ids.tolist())
+                new = {n: [int(t)] for n, t in zip(prompts, out.token_ids)}
+                nxt = runner.launch(slots.batch(new), _mixed_sampling(3, step))
+            pending = nxt
+        assert base.graphs is not None
+        return seqs + [pending.result().token_ids.tolist()], dict(base.graphs.counts)
+
+    (overlapped, counts), (sync, _) = run(True), run(False)
+    assert overlapped == sync and counts["sampled_in_graph"] == 5
+
+
 class ReplayingGraphApi:
     """A stand-in for CUDA graphs that checks what a real replay relies on: each replay
     re-runs the captured step reading the very buffers it was captured with."""

@@ -46,3 +46,39 @@ def test_slots_refuse_to_run_past_the_kv_pool(monkeypatch):
     slots.batch({"a": list(range(8))})  # slots 4..11: page 0 is the pool's padding page
     with pytest.raises(RuntimeError, match="holds 16 tokens"):
         slots.batch({"b": list(range(8))})
+
+
+def _load_gpu_check(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_gpu_check_reports_sampling_inside_the_graph(monkeypatch, tiny_model):
+    """The check's graph-sampling step over fake FlashInfer and fake graphs (which run the
+    captured step eagerly): it must see every decode step sampled in the graph."""
+    import torch
+
+    from localradix.backends.cuda.attention import FlashInferAttention
+    from localradix.backends.cuda.runner import DeviceRunner
+    from localradix.config import ServerArgs
+    from localradix.loader import load_model
+
+    from .conftest import VOCAB
+    from .gpu_fakes import FakeFlashInfer, FakeGraphApi
+
+    fake = FakeFlashInfer()
+    monkeypatch.setitem(sys.modules, "flashinfer", fake.module())
+    monkeypatch.setattr(FlashInferAttention, "workspace_bytes", 1024)
+    gpu_check = _load_gpu_check(monkeypatch)
+    folder, _ = tiny_model("llama")
+    model, config = load_model(str(folder), "float16", "cpu")
+    args = ServerArgs(max_total_tokens=1023, max_running_requests=8, context_length=128)
+    api = FakeGraphApi(fake)
+    runner = DeviceRunner(model, config, args, "cpu", torch.float16, "flashinfer", graph_api=api)
+    report = gpu_check.Report()
+    gpu_check.check_graph_sampling(runner, VOCAB, report, steps=4)
+    assert report.checks == {"sampling inside the CUDA graph": True}
+    assert report.numbers["graph_sampling"] == {"in_graph": True, "steps": 4, "equal": 4}

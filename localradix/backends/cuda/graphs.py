@@ -7,9 +7,12 @@ with dummy requests that read and write only the dummy slot 0 (`pad_decode_batch
 an extend, or larger than the largest size, run eagerly.
 
 Everything a graph reads lives in fixed buffers (token ids, positions, the attention backend's
-per-size `DecodeGraphState`); before each replay they are refilled and the attention backend
-re-plans into them. The bucket choice and padding are pure functions, tested on the CPU; the
-capture itself goes through `CudaGraphApi`, which tests replace with a fake.
+per-size `DecodeGraphState`, the sampler's parameters); before each replay they are refilled
+and the attention backend re-plans into them. The captured step ends with the sampler
+(`SamplingBuffers`), so a decode step whose sampling it can express leaves the device with only
+its chosen ids; other batches are sampled eagerly from the logits the graph also leaves. The
+bucket choice and padding are pure functions, tested on the CPU; the capture itself goes
+through `CudaGraphApi`, which tests replace with a fake.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from localradix.step import ForwardBatch
+from localradix.runner.sampling_buffers import SamplingBuffers, samples_in_graph
+from localradix.step import ForwardBatch, SamplingBatch
 
 logger = logging.getLogger("localradix.runner")
 
@@ -98,7 +102,8 @@ class DecodeGraphs:
     """Captured decode steps of `model` over a graph-capable attention backend.
 
     The backend provides `graph_state(batch_size, max_pages)` and `prepare_graph(state, batch)`
-    (see `FlashInferAttention`); `run` returns float32 logits [num_reqs, vocab].
+    (see `FlashInferAttention`); `run` returns float32 logits [num_reqs, vocab], and
+    `run_sampled` also the ids the captured sampler chose when it could sample the batch.
     """
 
     def __init__(
@@ -117,6 +122,8 @@ class DecodeGraphs:
         self.max_pages = largest * max_pages_per_req
         self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
+        self.sampling = SamplingBuffers(largest, device)
+        self.counts = {"replays": 0, "sampled_in_graph": 0, "sampled_eagerly": 0}
         self._states: dict[int, Any] = {}
         self._replays: dict[int, Callable[[], None]] = {}
         self._logits: dict[int, torch.Tensor] = {}
@@ -137,7 +144,9 @@ class DecodeGraphs:
 
         def step() -> torch.Tensor:
             hidden = self.model.forward(ids, positions, self.attn)
-            return self.model.compute_logits(hidden).float()
+            logits = self.model.compute_logits(hidden).float()
+            self.sampling.sample(logits)  # into sampling.token_ids[:size]
+            return logits
 
         return step
 
@@ -151,6 +160,17 @@ class DecodeGraphs:
 
     def run(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Replay the graph for `batch` (decode only); `input_ids` may already be on device."""
+        return self.run_sampled(batch, None, input_ids)[0]
+
+    def run_sampled(
+        self,
+        batch: ForwardBatch,
+        sampling: SamplingBatch | None,
+        input_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [n, vocab], ids [n] the captured sampler chose, or None when it could not
+        sample `sampling`: the caller samples the logits eagerly). Both are views of fixed
+        buffers that the next replay overwrites; padding rows are never returned."""
         n = batch.num_reqs
         size = select_batch_size(n, self.sizes)
         assert size is not None, "check can_run first"
@@ -162,8 +182,15 @@ class DecodeGraphs:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:size].zero_()
         self.positions[:size].copy_(torch.from_numpy(padded.positions), non_blocking=True)
+        in_graph = sampling is not None and samples_in_graph(sampling, n)
+        if in_graph:
+            assert sampling is not None
+            self.sampling.fill(sampling, size)
         self._replays[size]()
-        return self._logits[size][:n]
+        self.counts["replays"] += 1
+        self.counts["sampled_in_graph" if in_graph else "sampled_eagerly"] += sampling is not None
+        tokens = self.sampling.token_ids[:n] if in_graph else None
+        return self._logits[size][:n], tokens
 
 
 def _dummy_decode(size: int) -> ForwardBatch:

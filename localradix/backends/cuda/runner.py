@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from localradix.backends.cuda.graphs import DecodeGraphs, GraphApi, graph_batch_sizes
+from localradix.runner.sampler import DeviceSample, sample_on_device
 from localradix.runner.torch_runner import TorchRunner
-from localradix.step import ForwardBatch
+from localradix.step import ForwardBatch, SamplingBatch
 
 if TYPE_CHECKING:
     from localradix.platform import Target
@@ -132,7 +133,23 @@ class DeviceRunner(TorchRunner):
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        # A batch that pools (embeddings) needs the hidden states, which a graph does not keep.
-        if self.graphs is not None and batch.pooling is None and self.graphs.can_run(batch):
+        if self._graph_runs(batch):
+            assert self.graphs is not None
             return self.graphs.run(batch, input_ids)
         return super().logits(batch, input_ids)
+
+    @torch.inference_mode()
+    def sample_step(
+        self, batch: ForwardBatch, sampling: SamplingBatch, input_ids: torch.Tensor | None = None
+    ) -> DeviceSample:
+        """A graph-run decode step samples inside the graph when its sampler can (see
+        `SamplingBuffers`); otherwise, and for eager steps, the logits are sampled after."""
+        if not self._graph_runs(batch):
+            return super().sample_step(batch, sampling, input_ids)
+        assert self.graphs is not None
+        logits, tokens = self.graphs.run_sampled(batch, sampling, input_ids)
+        return DeviceSample(tokens) if tokens is not None else sample_on_device(logits, sampling)
+
+    def _graph_runs(self, batch: ForwardBatch) -> bool:
+        # A batch that pools (embeddings) needs the hidden states, which a graph does not keep.
+        return self.graphs is not None and batch.pooling is None and self.graphs.can_run(batch)
