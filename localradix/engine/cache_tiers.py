@@ -4,7 +4,9 @@ The disk tier's folder is per model fingerprint: the weights file(s) (name, size
 bytes at both ends, which hold a GGUF's metadata and a sample of its tensors), the backend,
 the weight and KV dtypes, the KV layout, the page size and localradix's version. Anything that
 changes what KV a token gets changes the fingerprint, so a different model, quantization,
-backend or release never reads another's KV.
+backend or release never reads another's KV. The tensor-parallel size is not in it: a TP
+runner's rows hold every rank's heads in model order, as tp=1's (`runner/tp/kv_transfer.py`),
+and differ from them only by summation order, as the attention kernels' do.
 """
 
 from __future__ import annotations

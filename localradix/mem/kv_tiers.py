@@ -19,7 +19,8 @@ states kept after each chunk (one lookup per chunk, not a digest per position): 
 resumes there from KV and state loaded back, as from any snapshot in memory.
 
 Everything here is host-side numpy; the runner's `KVTransfer` moves KV between its device
-buffers and the host, its `StateTransfer` a state.
+buffers and the host, its `StateTransfer` a state. A transfer with `read_async` (GPUs) copies
+demoted KV off the device while the engine goes on (`PendingChunks`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,12 +36,15 @@ import numpy as np
 from localradix.mem.disk_tier import DiskTier
 from localradix.mem.host_tier import HostTier
 from localradix.mem.kv_chunks import KVChunk, chain, next_digest, root_digest, state_digest
+from localradix.mem.pending_chunks import PendingChunks, PendingRows, chunks
 from localradix.mem.radix_node import TreeNode
 from localradix.mem.state_index import StateIndex
+from localradix.mem.tier_records import Fetched, TierCounters
 
 logger = logging.getLogger("localradix.kv_tiers")
 
 SMOOTHING = 0.5  # weight of the newest load-speed measurement
+PENDING_BYTES = 256 << 20  # demoted KV still being copied off the device, at most
 
 
 class KVUnavailable(RuntimeError):
@@ -75,38 +79,6 @@ class StateTransfer(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Fetched:
-    """KV for `key[start:end]`, to load into fresh slots."""
-
-    start: int
-    end: int
-    parts: tuple[np.ndarray, ...]  # uint8 [tokens, bytes_per_token] each, in order
-    from_disk: int  # of those tokens, how many came from disk (the rest: host memory)
-
-    def cut(self, end: int) -> Fetched:
-        """The first `end - start` tokens only (views)."""
-        parts, left = [], end - self.start
-        for part in self.parts:
-            if left <= 0:
-                break
-            parts.append(part[:left])
-            left -= len(parts[-1])
-        return Fetched(self.start, end, tuple(parts), min(self.from_disk, end - self.start))
-
-
-@dataclass
-class TierCounters:
-    demoted_tokens: int = 0  # copied down a tier when the tree evicted them
-    promoted_tokens: int = 0  # loaded back into the tree for a request
-    disk_hit_tokens: int = 0  # of those, from disk
-    promotions: int = 0  # requests that loaded KV from a tier
-    skipped_tokens: int = 0  # found in a tier, but prefilling them was measured cheaper
-    load_seconds: float = 0.0  # reading and writing back promoted KV
-    demoted_states: int = 0  # recurrent-state snapshots kept below the tree
-    promoted_states: int = 0  # ... and loaded back for a request to resume from
-
-
 class KVTiers:
     def __init__(
         self,
@@ -127,6 +99,7 @@ class KVTiers:
         self.draining = False  # closing: a full write queue waits instead of dropping
         self.states: StateTransfer | None = None  # set for models with recurrent layers
         self.host_states = StateIndex(host.has if host is not None else lambda d: False)
+        self.pending = PendingChunks(PENDING_BYTES)
 
     # ---- down ----------------------------------------------------------------------------------
 
@@ -174,18 +147,26 @@ class KVTiers:
         if not todo:
             return 0
         rows = np.concatenate([slots[begin:end] for begin, end, _, _ in todo])
+        named = [(d, parent, np.array(key[b:e], dtype=np.int64)) for b, e, parent, d in todo]
+        read_async = getattr(self.kv, "read_async", None)
         try:
-            data = self.kv.read(rows)
+            pending: PendingRows | None = read_async(rows) if read_async is not None else None
+            data = self.kv.read(rows) if pending is None else None
         except KVUnavailable as exc:  # the tiers are an optimisation: never stop the engine
             logger.warning("KV cache tiers: not keeping %d tokens (%s)", len(rows), exc)
             return 0
-        done = 0
-        for begin, end, parent, digest in todo:
-            tokens = np.array(key[begin:end], dtype=np.int64)
-            self._keep(KVChunk(digest, parent, tokens, data[done : done + end - begin]))
-            done += end - begin
+        if pending is not None:
+            self.pending.add(named, pending, len(rows) * self.kv.bytes_per_token)
+        self._settle(wait=False)
+        for chunk in chunks(named, data) if data is not None else ():
+            self._keep(chunk)
         self.counters.demoted_tokens += len(rows)
         return len(rows)
+
+    def _settle(self, wait: bool) -> None:
+        """Keep the demoted chunks whose copies are done (every one, waiting, with `wait`)."""
+        for chunk in self.pending.take(wait):
+            self._keep(chunk)
 
     def close(
         self,
@@ -197,12 +178,14 @@ class KVTiers:
         to disk, and the writer finishes."""
         if self.disk is None:
             return
+        self._settle(wait=True)
         self.host, host = None, self.host  # straight to disk from now on
         self.draining = True
         for key, slots, extra_key in paths:
             self.demote(key, slots, extra_key)
         for key, extra_key, handle in states if self.states is not None else ():
             self.demote_state(key, extra_key, handle)
+        self._settle(wait=True)
         if host is not None:
             for chunk in host.drain():
                 self.disk.put(chunk, wait=True)
@@ -217,6 +200,7 @@ class KVTiers:
         `start`, then the tokens a chunk stored after those shares with `key` (never its last
         token, whose logits are computed); None when they hold none or prefilling is measured
         cheaper."""
+        self._settle(wait=True)
         c = self.chunk
         digests = chain(key, extra_key, c)
         first = start // c
@@ -262,6 +246,7 @@ class KVTiers:
         `after` and at most `upto` (adopted by the runner), or None."""
         if self.states is None:
             return None
+        self._settle(wait=True)
         c = self.chunk
         digests = chain(key, extra_key, c, upto=upto // c)
         for whole in range(upto // c, after // c - 1, -1):
@@ -347,7 +332,9 @@ class KVTiers:
         return found + (self.disk.children(parent) if self.disk is not None else [])
 
     def _touch(self, digest: bytes) -> bool:
-        """Whether a tier holds `digest` (marking it used)."""
+        """Whether a tier holds `digest` (marking it used), or it is on its way down."""
+        if digest in self.pending:
+            return True
         if self.host is not None and self.host.get(digest) is not None:
             return True
         if self.disk is not None and self.disk.has(digest):
@@ -373,6 +360,7 @@ class KVTiers:
     # ---- what the stats show -------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
+        self._settle(wait=True)
         bpt = self.kv.bytes_per_token
         out: dict[str, Any] = asdict(self.counters)
         if self.host is not None:

@@ -3,7 +3,8 @@
 Every torch attention backend keeps K and V as `[layers, slots + 1, kv_heads, head_dim]` (the
 paged ones as `[layers, pages, page_size, ...]`, the same memory). A token's KV leaves as one
 row of bytes: its K for every layer, then its V, so the tiers below the radix tree store and
-slice KV token by token without knowing the dtype.
+slice KV token by token without knowing the dtype. The bytes cross between device and host
+through `kv_copy.py`: on CUDA asynchronously, through pinned memory.
 
 KV layers of mixed shapes (`KVLayout.layer_shapes`, Gemma 4) live in one such pair of tensors
 per shape (`allocate_kv`); a token's row is then each group's K then V, in group order.
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from localradix.model_api.kv_layout import KVLayout
+from localradix.runner.kv_copy import HostCopies, HostRows, copies_for
 
 KVGroup = tuple[torch.Tensor, torch.Tensor]  # K and V [layers, slots + 1, kv_heads, head_dim]
 LayerCaches = torch.Tensor | list[torch.Tensor]  # indexed by KV layer: [slots + 1, heads, dim]
@@ -45,10 +47,17 @@ def layer_caches(layout: KVLayout, groups: Sequence[KVGroup]) -> tuple[LayerCach
 
 
 class TorchKVTransfer:
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: KVGroup) -> None:
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *more: KVGroup,
+        copies: HostCopies | None = None,
+    ) -> None:
         self.groups = [
             (self._slot_major(k), self._slot_major(v)) for k, v in ((k_cache, v_cache), *more)
         ]
+        self.copies = copies if copies is not None else copies_for(k_cache.device)
         self.halves = [
             k.shape[0] * k.shape[2] * k.shape[3] * k.element_size() for k, _ in self.groups
         ]
@@ -59,24 +68,36 @@ class TorchKVTransfer:
         layers, heads, dim = cache.shape[0], cache.shape[-2], cache.shape[-1]
         return cache.view(layers, -1, heads, dim)  # slot-major whatever the paging
 
-    @torch.no_grad()
+    @property
+    def device(self) -> torch.device:
+        return self.groups[0][0].device
+
     def read(self, slots: np.ndarray) -> np.ndarray:
-        device = self.groups[0][0].device
-        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
-        rows = [self._rows(cache.index_select(1, index)) for pair in self.groups for cache in pair]
-        return torch.cat(rows, dim=1).cpu().numpy()
+        return self.read_async(slots).result()
+
+    def read_async(self, slots: np.ndarray) -> HostRows:
+        """Start copying the slots' rows out: the slots may be reused as soon as this returns
+        (the rows are gathered first); the bytes are the handle's `result()`."""
+        return self.copies.to_host(self.rows(slots))
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         done = 0
-        for part in parts:  # chunk by chunk: no copy of a whole prompt's KV
-            self._write(slots[done : done + len(part)], part)
+        for part in parts:  # chunk by chunk: the next is staged while this one copies
+            rows = self.copies.to_device(np.ascontiguousarray(part, dtype=np.uint8), self.device)
+            self.put_rows(slots[done : done + len(part)], rows)
             done += len(part)
 
     @torch.no_grad()
-    def _write(self, slots: np.ndarray, data: np.ndarray) -> None:
-        device = self.groups[0][0].device
-        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
-        rows = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)
+    def rows(self, slots: np.ndarray) -> torch.Tensor:
+        """uint8 [len(slots), bytes_per_token] on the device: the slots' rows, as `read`'s."""
+        index = self._index(slots)
+        rows = [self._rows(cache.index_select(1, index)) for pair in self.groups for cache in pair]
+        return torch.cat(rows, dim=1)
+
+    @torch.no_grad()
+    def put_rows(self, slots: np.ndarray, rows: torch.Tensor) -> None:
+        """Rows as `rows` gives them (uint8, on the device) into `slots`."""
+        index = self._index(slots)
         start = 0
         for pair, half in zip(self.groups, self.halves, strict=True):
             for cache in pair:
@@ -85,6 +106,9 @@ class TorchKVTransfer:
                 layers, _, heads, dim = cache.shape
                 tokens = part.view(cache.dtype).unflatten(1, (layers, heads, dim))  # views only
                 cache.index_copy_(1, index, tokens.transpose(0, 1))
+
+    def _index(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
 
     @staticmethod
     def _rows(kv: torch.Tensor) -> torch.Tensor:

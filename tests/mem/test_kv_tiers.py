@@ -55,6 +55,35 @@ class FakeKV:
         self.rows[slots] = np.concatenate(parts)
 
 
+class InFlight:
+    """A copy off the device under way: the rows as gathered, landed only when `landed`."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows, self.landed = rows, False
+
+    def done(self) -> bool:
+        return self.landed
+
+    def result(self) -> np.ndarray:
+        self.landed = True  # (waits)
+        return self.rows
+
+
+class AsyncFakeKV(FakeKV):
+    """A GPU runner's buffers: `read_async` gathers the rows and leaves them in flight."""
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(slots)
+        self.flights: list[InFlight] = []
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        raise AssertionError("the tiers read asynchronously when they can")
+
+    def read_async(self, slots: np.ndarray) -> InFlight:
+        self.flights.append(InFlight(self.rows[slots].copy()))
+        return self.flights[-1]
+
+
 def disk(tmp_path, fingerprint="model-a", budget=1 << 30, **kw) -> DiskTier:
     return DiskTier(tmp_path / "kv", fingerprint, budget, {"name": fingerprint}, **kw)
 
@@ -240,10 +269,10 @@ def test_host_tier_spills_least_recently_used_to_disk(tmp_path):
 class Server:
     """A radix cache over a small pool, fake KV, and tiers: what the scheduler wires up."""
 
-    def __init__(self, tmp_path, slots=64, page=1, host_bytes=0, with_disk=True) -> None:
+    def __init__(self, tmp_path, slots=64, page=1, host_bytes=0, with_disk=True, kv=FakeKV) -> None:
         self.pool = KVPool(slots, page_size=page)
         self.cache = RadixCache(self.pool, page_size=page)
-        self.kv = FakeKV(self.pool.num_slots)
+        self.kv = kv(self.pool.num_slots)
         host = HostTier(host_bytes) if host_bytes else None
         self.disk = disk(tmp_path) if with_disk else None
         self.tiers = KVTiers(self.kv, CHUNK, host, self.disk, page=page)
@@ -367,6 +396,46 @@ def test_whatever_is_evicted_and_reloaded_the_kv_is_right(tmp_path_factory, ops,
         key = np.concatenate([stems[stem][:length], rng.integers(0, 50, 3)])
         server.prefill(key)  # asserts the KV of whatever it found
     server.tiers.close(server.cache.leaf_paths())
+
+
+def test_kv_copied_off_asynchronously_goes_down_once_in_order_when_needed(tmp_path):
+    """Demoted KV still in flight is named (not copied again) and goes into the host tier when
+    its copy lands or a lookup needs it, oldest first; a graceful stop waits for all of it."""
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 1000, 40) for _ in range(4)]
+    server = Server(tmp_path, slots=64, host_bytes=1 << 20, kv=AsyncFakeKV)
+    tiers, host = server.tiers, server.tiers.host
+    assert host is not None
+    for p in prompts[:2]:
+        server.prefill(p)
+    server.cache.evict(80)  # both paths go down: the copies are in flight
+    flights = list(server.kv.flights)
+    assert flights and host.count == 0 and tiers.pending.bytes == 80 * WIDTH
+    assert tiers.demote(prompts[0], np.arange(1, 41), None) == 0  # on its way: not again
+    flights[0].landed = True  # the first lands: it goes into the host tier at the next demote
+    assert tiers.demote(prompts[3], np.arange(1, 41), None) == 40
+    assert host.count == 5 and not flights[1].landed
+    assert server.prefill(prompts[1]) == 40  # the fetch waits for the rest
+    assert [f.landed for f in server.kv.flights] == [True] * len(server.kv.flights)
+    assert [c.digest for c in host.drain()][:5] == chain(prompts[0], None, CHUNK)
+    assert tiers.counters.demoted_tokens == 120
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50)), min_size=1, max_size=25))
+def test_kv_copied_off_asynchronously_is_right_whatever_is_evicted(tmp_path_factory, ops):
+    """As the synchronous property above, with every demotion left in flight until needed,
+    host memory above disk, and a restart that finds everything the graceful stop kept."""
+    tmp_path = tmp_path_factory.mktemp("async-tiers")
+    rng = np.random.default_rng(len(ops))
+    stems = [rng.integers(0, 50, 60) for _ in range(4)]
+    server = Server(tmp_path, slots=96, host_bytes=40 * WIDTH * 8, kv=AsyncFakeKV)
+    keys = [np.concatenate([stems[s][:n], rng.integers(0, 50, 3)]) for s, n in ops]
+    for key in keys:
+        server.prefill(key)  # asserts the KV of whatever it found
+    server.tiers.close(server.cache.leaf_paths())
+    restarted = Server(tmp_path, slots=96)
+    assert restarted.prefill(keys[-1]) >= len(keys[-1]) - 1  # (a whole last chunk: all)
 
 
 WRITER = """

@@ -69,6 +69,21 @@ class DistComm:
         dist.all_gather(parts, x)
         return torch.cat(parts, dim=-1)
 
+    def gather(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's `x` (same shape and dtype), rank order, at rank 0; None elsewhere."""
+        parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
+        dist.gather(x.contiguous(), parts, dst=0)
+        return parts
+
+    def scatter(self, out: torch.Tensor, parts: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Rank 0's `parts[r]` into rank r's `out` (same shapes; `parts` only on rank 0)."""
+        if self.rank != 0:
+            dist.scatter(out, None, src=0)
+            return out
+        assert parts is not None
+        dist.scatter(out, [p.contiguous() for p in parts], src=0)
+        return out
+
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's `x` into every rank's `x` (same shape and dtype)."""
         dist.broadcast(x, src=0)

@@ -3,8 +3,9 @@
 Each worker is a `python -m localradix.runner.tp.worker` subprocess (a subprocess, not a
 multiprocessing child: the server's engine process is a daemon, which may not have those). Its
 stdin is its control pipe: first its `WorkerSpec`, then the KV capacity, then one `Step` per
-forward. Closing the pipe stops it cleanly, and a worker whose rank 0 died reads end-of-file
-and exits, so no rank outlives the engine. A worker that dies is reported by rank and exit code.
+forward or one `KVRead`/`KVWrite` per copy for the cache tiers. Closing the pipe stops it
+cleanly, and a worker whose rank 0 died reads end-of-file and exits, so no rank outlives the
+engine. A worker that dies is reported by rank and exit code.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from localradix.runner.runner_config import RunnerConfig
@@ -53,6 +56,20 @@ class Step:
 
     batch: ForwardBatch
     has_ids: bool
+
+
+@dataclass(frozen=True)
+class KVRead:
+    """Send rank 0 this rank's KV rows of `slots` by gather (for the cache tiers)."""
+
+    slots: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
+class KVWrite:
+    """Take this rank's KV rows of `slots` from rank 0 by scatter and write them there."""
+
+    slots: np.ndarray  # int64
 
 
 class WorkerRanks:

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from localradix.model_api.shard import Shard
+from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.torch_runner import TorchRunner
 from localradix.runner.tp import dist as tpdist
+from localradix.runner.tp.kv_transfer import tp_kv_transfer
 from localradix.runner.tp.ranks import RankDied, Step, WorkerRanks, WorkerSpec
 from localradix.step import ForwardBatch
 
@@ -56,7 +58,10 @@ def use_device(device: str, size: int) -> int:
 class TensorParallelRunner(TorchRunner):
     def __init__(self, *args: Any, ranks: WorkerRanks, comm: tpdist.DistComm, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.kv_transfer = None  # rank 0 holds only its heads' KV: the cache tiers stay off
+        # Rank 0 holds only its heads' KV: `create_tp_runner` sets a transfer over every rank's.
+        local = self.kv_transfer
+        self.local_kv = local if isinstance(local, TorchKVTransfer) else None
+        self.kv_transfer = None
         self.ranks, self.comm = ranks, comm
         self.rank_weight_bytes: tuple[int, ...] = ()  # every rank's, rank 0 first
         self.store: Any = None  # rank 0 hosts the ranks' TCP store: kept while they run
@@ -115,6 +120,7 @@ def create_tp_runner(
     workers = tuple(int(store.get(ready_key(r))) for r in range(1, size))
     runner.rank_weight_bytes = (runner.weight_bytes or 0, *workers)
     runner.store, runner.threads = store, threads
+    runner.kv_transfer = tp_kv_transfer(runner.local_kv, config, comm, ranks)
     logger.info(
         "Tensor parallel over %d ranks (%s): weights per rank %s MiB",
         size,

@@ -2,7 +2,8 @@
 
 Started by rank 0 (`ranks.py`), it reads everything from stdin: its `WorkerSpec`, then the KV
 capacity rank 0 chose, then one `Step` per forward, which it runs on its slice (forward only:
-rank 0 samples). End of file on stdin (rank 0 stopped, or died) ends it.
+rank 0 samples), or a KV copy for the cache tiers (`kv_transfer.py`). End of file on stdin
+(rank 0 stopped, or died) ends it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import IO
 
 import torch
 
+from localradix.runner.kv_transfer import TorchKVTransfer
 from localradix.runner.torch_runner import TorchRunner
 from localradix.runner.tp import dist as tpdist
-from localradix.runner.tp.ranks import Step, WorkerSpec
+from localradix.runner.tp.kv_transfer import serve_kv
+from localradix.runner.tp.ranks import KVRead, KVWrite, Step, WorkerSpec
 from localradix.runner.tp.runner import ready_key, use_device
 
 logger = logging.getLogger("localradix.runner")
@@ -57,12 +60,17 @@ def _load(spec: WorkerSpec, comm: tpdist.DistComm, pipe: IO[bytes]) -> TorchRunn
 
 
 def serve(runner: TorchRunner, comm: tpdist.DistComm, pipe: IO[bytes]) -> None:
-    """Run every step rank 0 sends until the pipe ends."""
+    """Run every step and KV copy rank 0 sends until the pipe ends."""
     while True:
         try:
-            step: Step = pickle.load(pipe)
+            step: Step | KVRead | KVWrite = pickle.load(pipe)
         except EOFError:
             return
+        if not isinstance(step, Step):
+            local = runner.kv_transfer  # rank 0 copies only when every rank can
+            assert isinstance(local, TorchKVTransfer)
+            serve_kv(step, local, comm)
+            continue
         ids = None
         if step.has_ids:
             empty = torch.empty(step.batch.num_tokens, dtype=torch.long, device=runner.device)
