@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from localradix.parsers.json_scan import WHITESPACE
@@ -60,6 +61,54 @@ class BlockToolParser(ToolCallStreamParser):
         """The JSON schema of `function`'s `parameter` (None when unknown)."""
         properties = (self._tool_schemas.get(function) or {}).get("properties")
         return properties.get(parameter) if isinstance(properties, dict) else None
+
+
+Tag = Callable[[str, str], tuple[str, str] | None]  # (text, opening) -> (name, rest)
+
+
+@dataclass(frozen=True)
+class XmlCalls:
+    """A dialect of XML-style calls: `<call NAME>` then parameters `<parameter KEY>VALUE
+    </parameter>` then `</call>`, whitespace between the tags. `tag` reads the name in one of
+    its opening tags and the text after it; `unwrap` takes the format's own text off a value
+    (None: the value is all the text between its tags)."""
+
+    call: str
+    end_call: str
+    parameter: str
+    end_parameter: str
+    tag: Tag
+    unwrap: Callable[[str], str] | None = None
+
+    def read(self, text: str, schema: Callable[[str, str], Any]) -> tuple[Call, str] | None:
+        """The call at the start of `text` and the text after it; values typed by
+        `schema(function, parameter)`."""
+        header = self.tag(text, self.call)
+        if header is None or not is_name(header[0]):
+            return None
+        name, rest = header
+        arguments: dict[str, Any] = {}
+        while True:
+            rest = rest.lstrip(WHITESPACE)
+            if rest.startswith(self.end_call):
+                return (name, arguments), rest[len(self.end_call) :]
+            read = self._parameter(rest, name, schema)
+            if read is None:
+                return None
+            key, arguments[key], rest = read
+
+    def _parameter(
+        self, text: str, function: str, schema: Callable[[str, str], Any]
+    ) -> tuple[str, Any, str] | None:
+        header = self.tag(text, self.parameter)
+        if header is None or not header[0]:
+            return None
+        key, rest = header
+        end = value_end(rest, 0, self.end_parameter, (self.parameter, self.end_call))
+        if end == -1:
+            return None
+        raw = rest[:end] if self.unwrap is None else self.unwrap(rest[:end])
+        return key, param_value(raw, schema(function, key)), rest[end + len(self.end_parameter) :]
 
 
 def read_sequence(

@@ -15,17 +15,12 @@ is part of the value. A block that does not read as calls stays content.
 
 from __future__ import annotations
 
-from typing import Any
-
 from localradix.parsers.block_calls import (
     BlockToolParser,
     Call,
-    is_name,
-    param_value,
+    XmlCalls,
     read_sequence,
-    value_end,
 )
-from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.structural_tag import (
     ArgsFormat,
     Format,
@@ -53,36 +48,7 @@ class MiniMaxM2ToolParser(BlockToolParser):
     special_markers = (BLOCK, "</minimax:tool_call>")
 
     def read_calls(self, body: str) -> list[Call] | None:
-        return read_sequence(body, self._read_invoke)
-
-    def _read_invoke(self, text: str) -> tuple[Call, str] | None:
-        """`<invoke name="NAME">` parameters `</invoke>` at the start of `text`: the call and
-        the text after it."""
-        header = _named_tag(text, INVOKE)
-        if header is None or not is_name(header[0]):
-            return None
-        name, rest = header
-        arguments: dict[str, Any] = {}
-        while True:
-            rest = rest.lstrip(WHITESPACE)
-            if rest.startswith(END_INVOKE):
-                return (name, arguments), rest[len(END_INVOKE) :]
-            read = self._read_parameter(name, rest)
-            if read is None:
-                return None
-            key, value, rest = read
-            arguments[key] = value
-
-    def _read_parameter(self, function: str, text: str) -> tuple[str, Any, str] | None:
-        header = _named_tag(text, PARAMETER)
-        if header is None or not header[0]:
-            return None
-        key, rest = header
-        end = value_end(rest, 0, END_PARAMETER, (PARAMETER, END_INVOKE))
-        if end == -1:
-            return None
-        value = param_value(rest[:end], self._schema(function, key))
-        return key, value, rest[end + len(END_PARAMETER) :]
+        return read_sequence(body, lambda text: CALLS.read(text, self._schema))
 
     @staticmethod
     def forced_format(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
@@ -115,3 +81,7 @@ def _named_tag(text: str, opening: str) -> tuple[str, str] | None:
     if "<" in name or "\n" in name or '"' in name:  # the `>` of a later tag, or stray quotes
         return None
     return name, text[close + 1 :]
+
+
+# How this dialect writes its calls (below the tag reader it uses).
+CALLS = XmlCalls(INVOKE, END_INVOKE, PARAMETER, END_PARAMETER, _named_tag)

@@ -35,12 +35,9 @@ from typing import Any
 from localradix.parsers.block_calls import (
     BlockToolParser,
     Call,
-    is_name,
-    param_value,
+    XmlCalls,
     read_sequence,
-    value_end,
 )
-from localradix.parsers.json_scan import WHITESPACE
 from localradix.parsers.structural_tag import (
     ArgsFormat,
     Format,
@@ -68,36 +65,7 @@ class Qwen3CoderToolParser(BlockToolParser):
     special_markers = ("<tool_call>", "</tool_call>")
 
     def read_calls(self, body: str) -> list[Call] | None:
-        return read_sequence(body, self._read_function)
-
-    def _read_function(self, text: str) -> tuple[Call, str] | None:
-        """`<function=NAME>` parameters `</function>` at the start of `text`: the call and
-        the text after it."""
-        header = _tag_value(text, FUNCTION)
-        if header is None or not is_name(header[0]):
-            return None
-        name, rest = header
-        arguments: dict[str, Any] = {}
-        while True:
-            rest = rest.lstrip(WHITESPACE)
-            if rest.startswith(END_FUNCTION):
-                return (name, arguments), rest[len(END_FUNCTION) :]
-            read = self._read_parameter(name, rest)
-            if read is None:
-                return None
-            key, value, rest = read
-            arguments[key] = value
-
-    def _read_parameter(self, function: str, text: str) -> tuple[str, Any, str] | None:
-        header = _tag_value(text, PARAMETER)
-        if header is None or not header[0]:
-            return None
-        key, rest = header
-        end = value_end(rest, 0, END_PARAMETER, (PARAMETER, END_FUNCTION))
-        if end == -1:
-            return None
-        value = param_value(_unwrap(rest[:end]), self._schema(function, key))
-        return key, value, rest[end + len(END_PARAMETER) :]
+        return read_sequence(body, lambda text: CALLS.read(text, self._schema))
 
     @staticmethod
     def forced_format(functions: list[Function], many: bool, args: ArgsFormat) -> Format:
@@ -166,3 +134,7 @@ def _allows(schema: dict[str, Any], value: Any) -> bool:
     if "const" in schema:
         return schema["const"] is value
     return "enum" not in schema or any(v is value for v in schema["enum"])
+
+
+# How this dialect writes its calls (below the tag reader it uses).
+CALLS = XmlCalls(FUNCTION, END_FUNCTION, PARAMETER, END_PARAMETER, _tag_value, _unwrap)
