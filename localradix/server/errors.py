@@ -74,15 +74,24 @@ def error_response(err: APIError) -> Response[Any]:
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`")
 
 
-def from_decode_error(exc: msgspec.MsgspecError) -> APIError:
-    """A strict msgspec decode failure as a 400 naming the field (`$.messages[0].role`)."""
+def from_decode_error(exc: msgspec.MsgspecError, field: str | None = None) -> APIError:
+    """A strict msgspec decode failure as a 400 naming the field (`$.messages[0].role`);
+    `field`: the body's field the decoded value was (its path inside follows the name)."""
     text = str(exc)
     match = _PATH.search(text)
     if isinstance(exc, msgspec.ValidationError):
-        param = match.group("path") if match else None
+        param = _joined(field, match.group("path") if match else None)
         message = _PATH.sub("", text)
         return bad_request(f"{message} (at '{param}')" if param else message, param)
     return bad_request(f"the request body is not valid JSON: {text}")
+
+
+def _joined(field: str | None, path: str | None) -> str | None:
+    """`field` and the path inside it: tools + [0].name -> tools[0].name, format + type ->
+    format.type."""
+    if field is None or not path:
+        return field if field is not None else path or None
+    return field + path if path.startswith("[") else f"{field}.{path}"
 
 
 def _from_validation(exc: ValidationException) -> APIError:

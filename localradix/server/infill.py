@@ -11,16 +11,18 @@ from typing import Annotated, Any
 from litestar import Request, Response, post
 from msgspec import Meta, Struct
 
-from localradix.server.core.body import convert, decode
+from localradix.server.core.body import convert
 from localradix.server.core.docs import ERRORS
 from localradix.server.core.fim import fim_prompt, repo_context, require_fim
-from localradix.server.core.gather import Gathered, answer, batches
-from localradix.server.core.http import sse, state
-from localradix.server.core.jobs import completion_job, encode, served_name
+from localradix.server.core.gather import Gathered, batches
+from localradix.server.core.http import sse
+from localradix.server.core.jobs import completion_job, encode
+from localradix.server.core.route import Rendered, run_route
+from localradix.server.core.served import served_name
 from localradix.server.errors import APIError
 from localradix.server.openai.render import usage
 from localradix.server.protocol import CompletionRequest
-from localradix.server.tokenizer_manager import Job
+from localradix.server.tokenizer_manager import Job, TokenizerManager
 
 RENAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty"}
 
@@ -54,8 +56,12 @@ class InfillBody(Struct, kw_only=True):
     responses=ERRORS,
 )
 async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = decode(await request.body() or b"{}", InfillBody)
-    manager = await state(request).manager_for(request, body.model)
+    return await run_route(request, InfillBody, _infill, b"{}")
+
+
+async def _infill(
+    request: Request[Any, Any, Any], manager: TokenizerManager, body: InfillBody
+) -> Rendered:
     fim = require_fim(manager.tokenizer, "input_suffix")
     files = [(f.filename, f.text) for f in body.input_extra]
     ids = fim_prompt(
@@ -83,7 +89,7 @@ async def infill(request: Request[Any, Any, Any]) -> Response[Any]:
     job = await completion_job(manager, req)
     model = served_name(manager)
     stream = partial(_events, job, model) if body.stream else None
-    return await answer(request, job, stream, partial(_content, model=model))
+    return Rendered(job, stream, partial(_content, model=model))
 
 
 def _content(gathered: Gathered, model: str) -> dict[str, Any]:

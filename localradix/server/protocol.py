@@ -125,6 +125,9 @@ class _SamplingFields(Struct, kw_only=True):
     response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # Ollama's keep_alive, here too: seconds or "5m"; 0 unloads the model after this request,
+    # -1 keeps it loaded.
+    keep_alive: float | str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):

@@ -14,22 +14,20 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
+import msgspec
 from litestar import Request, Response, post
 from litestar.openapi import ResponseSpec
 from msgspec import Meta, Struct
 
 from localradix.server.core.body import decode
+from localradix.server.core.chat_request import ChatRequest
+from localradix.server.core.chat_template import chat_text, template_messages, template_vars
 from localradix.server.core.docs import ERRORS
 from localradix.server.core.http import json_response, state
-from localradix.server.core.jobs import (
-    LONG_TEXT_CHARS,
-    chat_text,
-    check_model,
-    encode,
-    encode_prompt,
-)
+from localradix.server.core.jobs import LONG_TEXT_CHARS, encode, encode_prompt
+from localradix.server.core.served import openai_not_found, served_model
 from localradix.server.errors import bad_request
-from localradix.server.protocol import ChatCompletionRequest, ChatMessage, Count, Tool
+from localradix.server.protocol import ChatMessage, Count, Tool
 from localradix.server.tokenizer_manager import TokenizerManager
 
 LONG_TOKENS = LONG_TEXT_CHARS // 4  # more ids than this are turned to text in a thread
@@ -84,7 +82,7 @@ class DetokenizeResponse(Struct):
 async def tokenize(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", TokenizeBody)
     manager = await state(request).manager_for(request, body.model)
-    check_model(manager, body.model)
+    served_model(manager, body.model, openai_not_found)
     ids = await _ids(manager, body)
     tokens: list[int | Piece] = list(ids)
     if body.with_pieces:
@@ -101,7 +99,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> Response[Any]:
 async def detokenize(request: Request[Any, Any, Any]) -> Response[Any]:
     body = decode(await request.body() or b"{}", DetokenizeBody)
     manager = await state(request).manager_for(request, body.model)
-    check_model(manager, body.model)
+    served_model(manager, body.model, openai_not_found)
     _check_ids(manager, body.tokens)
     text = await _off_loop(len(body.tokens), _text, manager, body.tokens)
     return json_response(DetokenizeResponse(text, text))
@@ -113,11 +111,12 @@ async def _ids(manager: TokenizerManager, body: TokenizeBody) -> list[int]:
         message = "give exactly one of 'content', 'prompt' or 'messages'"
         raise bad_request(message + (f", not {' and '.join(given)}" if given else ""), "content")
     if body.messages is not None:  # what the chat route feeds the model, to the id
-        chat = ChatCompletionRequest(
-            messages=body.messages,
-            tools=body.tools,
+        chat = ChatRequest(
+            model=body.model,
+            messages=template_messages(body.messages),
+            tools=msgspec.to_builtins(body.tools) if body.tools else None,
+            template_kwargs=template_vars(body.chat_template_kwargs, None),
             add_generation_prompt=body.add_generation_prompt,
-            chat_template_kwargs=body.chat_template_kwargs,
         )
         return await encode_prompt(manager, chat_text(manager, chat))
     text = body.content if body.content is not None else body.prompt

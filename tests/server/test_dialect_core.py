@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from localradix.messages import TokenLogprob
 from localradix.server.anthropic.render import stop
 from localradix.server.core.body import decode
-from localradix.server.core.gather import Gathered, ParsedStream
+from localradix.server.core.gather import Gathered
 from localradix.server.core.output import ChatOutputSpec
+from localradix.server.core.parsed import ParsedStream
 from localradix.server.errors import APIError
 from localradix.server.ollama.protocol import ChatBody
 from localradix.server.ollama.request import RENAMES as OLLAMA_RENAMES
@@ -206,13 +207,13 @@ def test_request_structs_still_decode_what_clients_send():
 
 @pytest.mark.parametrize("given_value", [None, True, False])
 def test_a_request_may_opt_out_of_speculation(given_value: bool | None) -> None:
-    from localradix.server.core.sampling import sampling_params
+    from localradix.server.core.sampling import sampling_of, sampling_params
 
     body: dict[str, Any] = {"prompt": "x"}
     if given_value is not None:
         body["speculative"] = given_value
     req = decode(json.dumps(body).encode(), CompletionRequest)
-    params = sampling_params(req, 4, None, context=64, vocab=100)
+    params = sampling_params(sampling_of(req), 4, None, context=64, vocab=100)
     assert params.speculative is (given_value is not False)
 
 
@@ -227,7 +228,7 @@ THINKING_TEMPLATE = (
 )
 def test_ollama_think_reaches_the_chat_template_as_enable_thinking(think, closed) -> None:
     from localradix.loader.chat_template import render_chat_template
-    from localradix.server.core.jobs import chat_text
+    from localradix.server.core.chat_template import chat_text
     from localradix.server.ollama.request import chat_request
 
     tokenizer = SimpleNamespace(
@@ -252,7 +253,7 @@ def test_ollama_think_reaches_the_chat_template_as_enable_thinking(think, closed
 
 
 def test_chat_template_kwargs_may_not_set_what_the_server_sets() -> None:
-    from localradix.server.core.jobs import template_kwargs
+    from localradix.server.core.chat_template import template_kwargs
 
     assert template_kwargs({"enable_thinking": False}) == {"enable_thinking": False}
     with pytest.raises(APIError) as err:

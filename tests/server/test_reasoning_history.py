@@ -8,7 +8,7 @@ import pytest
 from parsers.template_turns import requires_templates, template
 
 from localradix.loader.chat_template import render_chat_template
-from localradix.server.core.jobs import chat_messages
+from localradix.server.core.chat_template import template_messages
 from localradix.server.protocol import ChatCompletionRequest
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
@@ -19,7 +19,7 @@ def _render(messages: list[dict]) -> str:
     req = msgspec.convert({"model": "m", "messages": messages}, ChatCompletionRequest)
     return render_chat_template(
         template("openai-gpt-oss-120b"),
-        messages=chat_messages(req),
+        messages=template_messages(req.messages),
         tools=TOOLS,
         add_generation_prompt=True,
     )
@@ -47,7 +47,7 @@ def test_reasoning_of_a_tool_call_turn_reaches_gpt_oss(content: str) -> None:
 def test_reasoning_effort_from_every_dialect() -> None:
     """OpenAI's reasoning_effort, Responses' reasoning.effort, Anthropic's thinking switch and
     Ollama's think reach the chat request the same way."""
-    from localradix.server.core.jobs import effort_kwargs
+    from localradix.server.core.chat_template import effort_kwargs
     from localradix.server.responses.protocol import ResponsesRequest
     from localradix.server.responses.request import chat_request
 

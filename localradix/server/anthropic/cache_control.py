@@ -10,6 +10,7 @@ the pinned tokens that were not cached before as `cache_creation_input_tokens`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,8 @@ from msgspec.structs import replace
 from localradix.messages import CachePin
 from localradix.server.anthropic.protocol import Block, Message, MessagesRequest
 from localradix.server.anthropic.request import chat_request
-from localradix.server.core.jobs import chat_text, encode_prompt
+from localradix.server.core.chat_template import chat_text
+from localradix.server.core.jobs import encode_prompt
 from localradix.server.errors import APIError, bad_request
 from localradix.server.tokenizer_manager import TokenizerManager
 
@@ -109,7 +111,8 @@ def _cut_text(manager: TokenizerManager, cut: MessagesRequest) -> str | None:
     chat = chat_request(manager, cut)
     messages = chat.messages[:-1] if empty else chat.messages
     try:
-        return chat_text(manager, replace(chat, messages=messages, add_generation_prompt=False))
+        cut_chat = dataclasses.replace(chat, messages=messages, add_generation_prompt=False)
+        return chat_text(manager, cut_chat)
     except APIError:
         return None
 

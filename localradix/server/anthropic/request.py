@@ -1,9 +1,11 @@
-"""Anthropic Messages requests as OpenAI chat requests for the core: system and blocks ->
-messages (tool_use -> tool_calls, tool_result -> tool messages, thinking -> reasoning_content),
-tools and tool_choice -> OpenAI's, output_config.format -> response_format."""
+"""Anthropic Messages requests as the neutral chat request: system and blocks -> messages
+(tool_use -> tool_calls, tool_result -> tool messages, thinking -> reasoning_content), tools and
+tool_choice -> OpenAI's shape, output_config.format -> the constraint; errors name Anthropic's
+fields."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from localradix.server.anthropic.protocol import (
@@ -15,23 +17,19 @@ from localradix.server.anthropic.protocol import (
     Tool,
     ToolChoice,
 )
-from localradix.server.core.body import convert
-from localradix.server.core.jobs import served_model
+from localradix.server.core import chat_fields
+from localradix.server.core.chat_request import ChatRequest, ParamNames
+from localradix.server.core.chat_template import template_vars
+from localradix.server.core.served import served_model
 from localradix.server.errors import bad_request
-from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
 
 # Claude Code's first system line: a value that changes every request (`cch=`), which would
 # end every request's cached prefix there (`--keep-billing-header` keeps it).
 BILLING_HEADER = "x-anthropic-billing-header:"
 
-# OpenAI field -> the Anthropic field it came from (for error messages).
-RENAMES = {
-    "max_tokens": "max_tokens",
-    "stop": "stop_sequences",
-    "response_format": "output_config.format",
-    "messages": "messages",
-}
+# Neutral field -> Anthropic's name for it (for error messages).
+NAMES = ParamNames({"stop": "stop_sequences", "response_format": "output_config.format"})
 
 
 def _text(blocks: str | list[Block] | None, where: str) -> str:
@@ -169,38 +167,49 @@ def _output_format(config: OutputConfig | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
-    """Anthropic's `thinking` switch as the template's (enable_thinking); "disabled" is
-    reasoning_effort "none": a forced tool call then starts at once, without reasoning."""
+def _thinking(thinking: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """Anthropic's `thinking` switch as the template's (enable_thinking), and the reasoning
+    effort: "disabled" is "none", so a forced tool call then starts at once, without reasoning."""
     kind = (thinking or {}).get("type")
     if kind == "disabled":
-        return {"reasoning_effort": "none"}
+        return template_vars(None, "none"), "none"
     if kind in ("enabled", "adaptive"):
-        return {"chat_template_kwargs": {"enable_thinking": True}}
-    return {}
+        return {"enable_thinking": True}, None
+    return {}, None
 
 
-def chat_request(manager: TokenizerManager, req: CountTokensRequest) -> ChatCompletionRequest:
+def chat_request(manager: TokenizerManager, req: CountTokensRequest) -> ChatRequest:
     model = served_model(manager, req.model)
-    tools = _tools(req.tools)
+    messages = _messages(req, manager.args.keep_billing_header)
+    tools = chat_fields.chat_tools(_tools(req.tools))
     choice, parallel = _tool_choice(req.tool_choice)
-    fields: dict[str, Any] = {
-        "model": model,
-        "messages": _messages(req, manager.args.keep_billing_header),
-        "tools": tools,
-        "tool_choice": choice if tools else None,
-        "parallel_tool_calls": parallel,
-        **_thinking(req.thinking),
+    kwargs, effort = _thinking(req.thinking)
+    chat = ChatRequest(
+        model=model,
+        messages=chat_fields.chat_messages(messages, NAMES("messages")),
+        tools=tools,
+        tool_choice=chat_fields.chat_tool_choice(choice) if tools else None,
+        parallel_tool_calls=parallel,
+        template_kwargs=kwargs,
+        reasoning_effort=effort,
+        names=NAMES,
+    )
+    if not isinstance(req, MessagesRequest):
+        return chat
+    constraint, param = chat_fields.output_constraint(
+        _output_format(req.output_config), NAMES("response_format")
+    )
+    values = {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "stop": req.stop_sequences or None,
     }
-    if isinstance(req, MessagesRequest):
-        fields.update(
-            max_tokens=req.max_tokens,
-            stop=req.stop_sequences or None,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            response_format=_output_format(req.output_config),
-        )
-    return convert(
-        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    return replace(
+        chat,
+        sampling=chat_fields.sampling(values, NAMES),
+        max_tokens=chat_fields.max_tokens(req.max_tokens, NAMES),
+        constraint=constraint,
+        constraint_param=param,
+        stream=req.stream,
     )

@@ -1,7 +1,7 @@
 """Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`), which Claude-style
 coding agents speak (`ANTHROPIC_BASE_URL`), over the request core (see core/).
 
-Messages and blocks become OpenAI chat messages; the output comes back as content blocks,
+Messages and blocks become the neutral chat request; the output comes back as content blocks,
 streamed as Anthropic's typed SSE events. `usage.cache_read_input_tokens` is what the radix cache
 served; `cache_control` breakpoints pin their prefix in it (cache_control.py), and
 `cache_creation_input_tokens` is what those pins newly cached. Errors are `{"type": "error", "error": {"type", "message"}}`.
@@ -21,14 +21,16 @@ from localradix.messages import CachePin
 from localradix.server.anthropic.cache_control import breakpoints, cache_pins
 from localradix.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from localradix.server.anthropic.render import error_body, message_body, model_page
-from localradix.server.anthropic.request import RENAMES, chat_request
+from localradix.server.anthropic.request import chat_request
 from localradix.server.anthropic.stream import message_events
-from localradix.server.core.body import decode
+from localradix.server.core.chat_template import chat_text
 from localradix.server.core.docs import ANTHROPIC_ERRORS
-from localradix.server.core.gather import Gathered, answer
-from localradix.server.core.http import error_handler, json_response, state
-from localradix.server.core.jobs import chat_job, chat_text, encode_prompt
+from localradix.server.core.gather import Gathered
+from localradix.server.core.http import error_handler, json_response
+from localradix.server.core.jobs import chat_job, encode_prompt
+from localradix.server.core.route import Rendered, run_route
 from localradix.server.errors import APIError
+from localradix.server.tokenizer_manager import TokenizerManager
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000  # models a page of Anthropic's model list
 
@@ -40,16 +42,20 @@ DEFAULT_LIMIT, MAX_LIMIT = 20, 1000  # models a page of Anthropic's model list
     responses=ANTHROPIC_ERRORS,
 )
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = decode(await request.body() or b"{}", MessagesRequest, RENAMES)
-    manager = await state(request).manager_for(request, body.model)
-    req = chat_request(manager, body)
+    return await run_route(request, MessagesRequest, _create, b"{}")
+
+
+async def _create(
+    request: Request[Any, Any, Any], manager: TokenizerManager, body: MessagesRequest
+) -> Rendered:
+    chat = chat_request(manager, body)
     marks = breakpoints(body)
     job = await chat_job(
-        manager, req, pins_for=partial(cache_pins, manager, marks) if marks else None
+        manager, chat, pins_for=partial(cache_pins, manager, marks) if marks else None
     )
-    model, pins = str(req.model), job.pins
-    events = partial(message_events, job, model, pins) if body.stream else None
-    return await answer(request, job, events, partial(_message, model=model, pins=pins))
+    model, pins = str(chat.model), job.pins
+    events = partial(message_events, job, model, pins) if chat.stream else None
+    return Rendered(job, events, partial(_message, model=model, pins=pins))
 
 
 def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict[str, Any]:
@@ -63,8 +69,12 @@ def _message(gathered: Gathered, model: str, pins: tuple[CachePin, ...]) -> dict
     responses=ANTHROPIC_ERRORS,
 )
 async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = decode(await request.body() or b"{}", CountTokensRequest, RENAMES)
-    manager = await state(request).manager_for(request, body.model)
+    return await run_route(request, CountTokensRequest, _count, b"{}")
+
+
+async def _count(
+    request: Request[Any, Any, Any], manager: TokenizerManager, body: CountTokensRequest
+) -> Response[Any]:
     # The very prompt a message would send (not checked against the context: it is counted).
     ids = await encode_prompt(manager, chat_text(manager, chat_request(manager, body)))
     return json_response({"input_tokens": len(ids)})

@@ -7,11 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from localradix.messages import CachePin
-from localradix.parsers.events import ContentDelta, ToolCallDelta
-from localradix.parsers.output_parser import ReasoningContentDelta
 from localradix.server.anthropic.render import envelope, error_body, stop, usage
-from localradix.server.core.gather import ParsedStream
 from localradix.server.core.http import encode_json
+from localradix.server.core.parsed import ParsedStream, Split, runs
 from localradix.server.errors import APIError
 from localradix.server.tokenizer_manager import Job
 
@@ -51,26 +49,25 @@ class _Blocks:
     def delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"index": self.index, "delta": delta})
 
-    def feed(self, event: Any) -> list[bytes]:
+    def feed(self, parsed: Split) -> list[bytes]:
+        """Reasoning, content, then tool calls (`runs` keeps the output's order)."""
         out: list[bytes] = []
-        if isinstance(event, ContentDelta) and event.text:
-            if self.kind != "text":
-                out += self.open("text", {"type": "text", "text": ""})
-            out.append(self.delta({"type": "text_delta", "text": event.text}))
-        elif isinstance(event, ReasoningContentDelta) and event.text:
+        if parsed.reasoning:
             if self.kind != "thinking":
                 out += self.open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out.append(self.delta({"type": "thinking_delta", "thinking": event.text}))
-        elif isinstance(event, ToolCallDelta):
-            if event.id is not None or self.kind != "tool_use" or self.call != event.index:
+            out.append(self.delta({"type": "thinking_delta", "thinking": parsed.reasoning}))
+        if parsed.content:
+            if self.kind != "text":
+                out += self.open("text", {"type": "text", "text": ""})
+            out.append(self.delta({"type": "text_delta", "text": parsed.content}))
+        for call in parsed.calls:
+            if call.id is not None or self.kind != "tool_use" or self.call != call.index:
                 self.called = True
-                block: dict[str, Any] = {"type": "tool_use", "id": event.id, "name": event.name}
+                block: dict[str, Any] = {"type": "tool_use", "id": call.id, "name": call.name}
                 block["input"] = {}
-                out += self.open("tool_use", block, event.index)
-            if event.arguments:
-                out.append(
-                    self.delta({"type": "input_json_delta", "partial_json": event.arguments})
-                )
+                out += self.open("tool_use", block, call.index)
+            if call.arguments:
+                out.append(self.delta({"type": "input_json_delta", "partial_json": call.arguments}))
         return out
 
 
@@ -84,12 +81,12 @@ async def message_events(
     start["usage"] = {"input_tokens": job.usage()["prompt_tokens"], "output_tokens": 0}
     try:
         yield _event("message_start", {"message": start})
-        async for events in stream.events():
-            if isinstance(events, APIError):
-                yield _event("error", {"error": error_body(events)["error"]})
+        async for part in stream.deltas():
+            if isinstance(part, APIError):
+                yield _event("error", {"error": error_body(part)["error"]})
                 return
-            for event in events:
-                for chunk in blocks.feed(event):
+            for parsed in (run for d in part for run in runs(d.events)):
+                for chunk in blocks.feed(parsed):
                     yield chunk
         if blocks.index < 0:  # an empty answer still has one (empty) text block
             for chunk in blocks.open("text", {"type": "text", "text": ""}):

@@ -1,8 +1,9 @@
 """Request bodies: decoded once, strictly, into a dialect's msgspec Struct.
 
 Unknown keys are ignored; a wrong type is a 400 naming the field. An integer written as 2.0 is
-still an integer (JSON Schema and many clients say so). A dialect whose fields stand for OpenAI
-ones converts them with `convert`, and `renamed` rewords an error with the dialect's names.
+still an integer (JSON Schema and many clients say so). The completion paths of other dialects
+(Ollama's raw generate, /infill) convert their fields to OpenAI's with `convert`, and `renamed`
+rewords an error with the dialect's names; chat requests go through their adapters instead.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """A job's outputs as the dialects read them: `answer` streams them or gathers them whole;
-`batches` (an error after the headers went out is yielded, not raised) and `ParsedStream`
-(a one-choice stream as reasoning, content and tool-call events) feed the streams; `Timing`
-notes when they came."""
+`batches` (an error after the headers went out is yielded, not raised) feeds the streams
+(parsed.py parses them); `Timing` notes when they came."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Any
 from litestar import Request, Response
 
 from localradix.messages import TokenLogprob
-from localradix.parsers.output_parser import ChatDelta as ParserEvent
 from localradix.server.core.http import (
     SSE,
     ClosingStream,
@@ -21,7 +19,6 @@ from localradix.server.core.http import (
     json_response,
     unless_disconnected,
 )
-from localradix.server.core.output import output_spec
 from localradix.server.errors import APIError
 from localradix.server.tokenizer_manager import Delta, Job
 
@@ -91,29 +88,6 @@ async def batches(job: Job, timing: Timing | None = None) -> AsyncIterator[list[
         yield exc
     if timing is not None:
         timing.done()
-
-
-class ParsedStream:
-    """A one-choice job's output as parser events (reasoning, content, tool calls) as they
-    come, one list per delta; `finish` is the engine's finish reason once it ended."""
-
-    def __init__(self, job: Job, timing: Timing | None = None) -> None:
-        self.job = job
-        self.timing = timing
-        self.finish: str | None = None
-
-    async def events(self) -> AsyncIterator[list[ParserEvent] | APIError]:
-        parser = output_spec(self.job).stream_parser()
-        async for part in batches(self.job, self.timing):
-            if isinstance(part, APIError):
-                yield part
-                return
-            for d in part:
-                events = parser.feed(d.text) if d.text else []
-                if d.finish_reason:
-                    self.finish = d.finish_reason
-                    events += parser.finish()
-                yield events
 
 
 async def answer(

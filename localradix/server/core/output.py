@@ -7,15 +7,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from localradix.parsers.events import ToolCall
 from localradix.parsers.output_parser import ChatOutputParser, ParsedChatOutput, parse_chat_output
 from localradix.parsers.reasoning import get_reasoning_parser
 from localradix.parsers.tool_constraint import ToolChoiceError, tool_call_constraint
 from localradix.sampling_params import Constraint
+from localradix.server.core.chat_request import ChatRequest
 from localradix.server.errors import bad_request
-from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
 
 
@@ -73,11 +71,11 @@ def output_spec(job: Any) -> ChatOutputSpec:
 
 
 def tool_setup(
-    manager: TokenizerManager, req: ChatCompletionRequest, prompt: str
+    manager: TokenizerManager, chat: ChatRequest, prompt: str
 ) -> tuple[ChatOutputSpec, Constraint | None]:
     """The output parsers for this request, and the constraint its tool_choice forces."""
-    tools = msgspec.to_builtins(req.tools) if req.tools else None
-    choice = msgspec.to_builtins(req.tool_choice)
+    tools = chat.tools
+    choice = chat.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
     reasoning = manager.reasoning_parser
@@ -89,32 +87,26 @@ def tool_setup(
             raise bad_request(
                 "this tool_choice needs a tool-call parser, but the server runs with "
                 "--tool-call-parser none",
-                "tool_choice",
+                chat.names("tool_choice"),
             )
         try:
             constraint = tool_call_constraint(
                 tools,
                 choice,
                 manager.tool_parser,
-                req.parallel_tool_calls,
-                reasoning=_grammar_reasoning(reasoning, bool(starts), req.reasoning_effort),
+                chat.parallel_tool_calls,
+                reasoning=_grammar_reasoning(reasoning, bool(starts), chat.reasoning_effort),
                 starts_in_reasoning=bool(starts),
             )
         except ToolChoiceError as exc:
-            raise bad_request(str(exc), "tool_choice") from None
+            raise bad_request(str(exc), chat.names("tool_choice")) from None
         dialect = manager.tool_parser
-    names = tuple(t.function.name for t in req.tools or ()) if dialect else None
-    schemas = {t["function"]["name"]: t["function"].get("parameters") for t in _functions(tools)}
-    return ChatOutputSpec(
-        dialect, reasoning, starts, names, schemas if dialect else None
-    ), constraint
+    names = chat.tool_names if dialect else None
+    schemas = chat.tool_schemas if dialect else None
+    return ChatOutputSpec(dialect, reasoning, starts, names, schemas), constraint
 
 
 def _grammar_reasoning(reasoning: str | None, starts: bool, effort: str | None) -> str | None:
     """The reasoning a forced call may write first: none with reasoning_effort "none", unless
     the prompt already opened the block (then the grammar must let the model close it)."""
     return None if effort == "none" and not starts else reasoning
-
-
-def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    return [t for t in tools or () if isinstance(t.get("function"), dict)]

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from localradix.sampling_params import Constraint, InvalidParams, SamplingParams
+from localradix.server.core.chat_request import OPENAI_NAMES, ParamNames, Sampling
 from localradix.server.errors import bad_request
 from localradix.server.protocol import (
     JsonObjectFormat,
@@ -17,40 +18,65 @@ from localradix.server.tokenizer_manager import TokenizerManager
 
 
 def sampling_params(
-    req: _SamplingFields,
+    sampling: Sampling,
     max_tokens: int | None,
     logprobs: int | None,
     context: int,
     vocab: int,
     constraint: Constraint | None = None,
+    names: ParamNames = OPENAI_NAMES,
 ) -> SamplingParams:
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    top_k = -1 if not req.top_k else req.top_k  # None and 0: no top-k cut
+    """The engine's parameters; an out-of-range value is a 400 naming the dialect's field."""
+    top_k = -1 if not sampling.top_k else sampling.top_k  # None and 0: no top-k cut
     params = SamplingParams(
         # Past the context nothing more can be generated; clamp so huge values stay small.
         max_new_tokens=context if max_tokens is None else min(max_tokens, context),
-        temperature=_default(req.temperature, 1.0),
-        top_p=_default(req.top_p, 1.0),
+        temperature=_default(sampling.temperature, 1.0),
+        top_p=_default(sampling.top_p, 1.0),
         top_k=min(top_k, vocab) if vocab and top_k > vocab else top_k,
-        min_p=_default(req.min_p, 0.0),
-        repetition_penalty=_default(req.repetition_penalty, 1.0),
-        presence_penalty=_default(req.presence_penalty, 0.0),
-        frequency_penalty=_default(req.frequency_penalty, 0.0),
-        seed=req.seed,
-        stop=stop,
-        stop_token_ids=tuple(req.stop_token_ids or ()),
-        ignore_eos=req.ignore_eos,
-        n=req.n,
+        min_p=_default(sampling.min_p, 0.0),
+        repetition_penalty=_default(sampling.repetition_penalty, 1.0),
+        presence_penalty=_default(sampling.presence_penalty, 0.0),
+        frequency_penalty=_default(sampling.frequency_penalty, 0.0),
+        seed=sampling.seed,
+        stop=sampling.stop,
+        stop_token_ids=sampling.stop_token_ids,
+        ignore_eos=sampling.ignore_eos,
+        n=sampling.n,
         logprobs=logprobs,
-        skip_special_tokens=req.skip_special_tokens,
-        speculative=req.speculative,
+        skip_special_tokens=sampling.skip_special_tokens,
+        speculative=sampling.speculative,
         constraint=constraint,
     )
-    check_token_ids(params.stop_token_ids, vocab, "stop_token_ids", "stop token ids")
+    what = "stop token ids"
+    check_token_ids(params.stop_token_ids, vocab, names("stop_token_ids"), what)
     try:
         return params.validate()
     except InvalidParams as exc:
-        raise bad_request(str(exc), exc.param) from None
+        param = names(exc.param)
+        why = str(exc).removeprefix(f"'{exc.param}' ")  # validate says "'<param>' <why>"
+        raise bad_request(f"'{param}' {why}", param) from None
+
+
+def sampling_of(req: _SamplingFields) -> Sampling:
+    """An OpenAI request's sampling fields (validated when its body was decoded)."""
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return Sampling(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        seed=req.seed,
+        stop=stop,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        n=req.n,
+        ignore_eos=req.ignore_eos,
+        skip_special_tokens=req.skip_special_tokens,
+        speculative=req.speculative,
+    )
 
 
 def check_token_ids(ids: Any, vocab: int, param: str, what: str = "token ids") -> None:
@@ -87,6 +113,11 @@ def request_constraint(req: _SamplingFields) -> tuple[Constraint | None, str | N
         names = " and ".join(f"'{param}'" for _, param in found)
         raise bad_request(f"give at most one output constraint, not {names}", found[1][1])
     return found[0] if found else (None, None)
+
+
+def response_constraint(rf: ResponseFormat | None) -> Constraint | None:
+    """The constraint a response_format asks for (None: plain text)."""
+    return None if rf is None else _response_format(rf)
 
 
 def _response_format(rf: ResponseFormat) -> Constraint | None:

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from localradix.parsers.events import ContentDelta, ToolCall, ToolCallDelta
-from localradix.parsers.output_parser import ReasoningContentDelta
-from localradix.server.core.gather import Gathered, ParsedStream, Timing
+from localradix.parsers.events import ToolCall
+from localradix.server.core.gather import Gathered, Timing
 from localradix.server.core.http import encode_json
 from localradix.server.core.output import call_arguments, output_spec
+from localradix.server.core.parsed import ParsedStream, split
 from localradix.server.errors import APIError
 from localradix.server.tokenizer_manager import Job
 
@@ -104,23 +104,19 @@ async def ndjson(
     timing = Timing(job)
     stream = ParsedStream(job, timing)
     try:
-        async for events in stream.events():
-            if isinstance(events, APIError):
-                yield _line({"error": events.message})
+        async for part in stream.deltas():
+            if isinstance(part, APIError):
+                yield _line({"error": part.message})
                 return
-            content, thinking = "", ""
-            for event in events:
-                if isinstance(event, ContentDelta):
-                    content += event.text
-                elif isinstance(event, ReasoningContentDelta):
-                    thinking += event.text
-                elif isinstance(event, ToolCallDelta):
+            for d in part:
+                parsed = split(d.events)
+                for event in parsed.calls:
                     call = calls.setdefault(event.index, [event.id or "", event.name or "", ""])
                     call[2] += event.arguments
-            if think is False:
-                thinking = ""
-            if content or thinking:
-                yield _line({**_head(model), **wrap(content, thinking or None, [])})
+                content = parsed.content or ""
+                thinking = parsed.reasoning or "" if think is not False else ""
+                if content or thinking:
+                    yield _line({**_head(model), **wrap(content, thinking or None, [])})
         if calls:
             whole = [ToolCall(*calls[i]) for i in sorted(calls)]
             yield _line({**_head(model), **wrap("", None, whole)})

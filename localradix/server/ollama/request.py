@@ -1,25 +1,31 @@
-"""Ollama requests as OpenAI requests for the core: options -> sampling fields, `format` ->
-response_format, messages and tool calls -> OpenAI's."""
+"""Ollama requests for the core: a chat (and a templated generate) as the neutral chat
+request, a raw or fill-in-the-middle generate as an OpenAI completion request; options ->
+sampling, `format` -> the constraint, messages and tool calls -> OpenAI's shape. Errors name
+Ollama's fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from localradix.server.core import chat_fields
 from localradix.server.core.body import convert
+from localradix.server.core.chat_request import ChatRequest, ParamNames
+from localradix.server.core.chat_template import template_vars
 from localradix.server.core.fim import require_fim
-from localradix.server.core.jobs import served_model
 from localradix.server.core.sampling import check_token_ids
+from localradix.server.core.served import served_model
 from localradix.server.errors import bad_request
 from localradix.server.ollama.protocol import ChatBody, GenerateBody, Message, Options, _Request
-from localradix.server.protocol import ChatCompletionRequest, CompletionRequest
+from localradix.server.protocol import CompletionRequest
 from localradix.server.tokenizer_manager import TokenizerManager
 
-# OpenAI field -> the Ollama option it came from (for error messages).
+# Neutral (OpenAI) field -> the Ollama option it came from (for error messages).
 RENAMES = {
     "max_tokens": "num_predict",
     "repetition_penalty": "repeat_penalty",
     "response_format": "format",
 }
+NAMES = ParamNames(RENAMES)
 
 
 def served(manager: TokenizerManager, model: str) -> str:
@@ -29,7 +35,8 @@ def served(manager: TokenizerManager, model: str) -> str:
 
 
 def _sampling(opts: Options | None, fmt: str | dict[str, Any] | None) -> dict[str, Any]:
-    """Ollama options as OpenAI sampling fields (None leaves the core's default)."""
+    """Ollama options by their OpenAI names (None leaves the core's default), and
+    `response_format`."""
     fields: dict[str, Any] = {"max_tokens": None, "response_format": _format(fmt)}
     if opts is None:
         return fields
@@ -109,20 +116,51 @@ def _message(msg: Message, i: int) -> dict[str, Any]:
     return out
 
 
-def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatCompletionRequest:
+def _chat(
+    model: str,
+    fields: dict[str, Any],
+    messages: list[dict[str, Any]],
+    effort: str | None,
+    kwargs: dict[str, Any] | None,
+    **more: Any,
+) -> ChatRequest:
+    """The neutral chat request from `_sampling`'s fields, OpenAI-shaped messages, the
+    reasoning effort and the template's variables."""
+    constraint, param = chat_fields.output_constraint(
+        fields.pop("response_format"), NAMES("response_format")
+    )
+    max_tokens = chat_fields.max_tokens(fields.pop("max_tokens"), NAMES)
+    return ChatRequest(
+        model=model,
+        messages=chat_fields.chat_messages(messages, NAMES("messages")),
+        sampling=chat_fields.sampling(fields, NAMES),
+        template_kwargs=template_vars(kwargs, effort),
+        reasoning_effort=effort,
+        max_tokens=max_tokens,
+        constraint=constraint,
+        constraint_param=param,
+        names=NAMES,
+        **more,
+    )
+
+
+def chat_request(manager: TokenizerManager, body: ChatBody) -> ChatRequest:
     model = served(manager, body.model)
     _check_common(manager, body, model)
     fields = _sampling(body.options, body.format)
-    fields.update(
-        model=model,
-        messages=[_message(m, i) for i, m in enumerate(body.messages)],
-        tools=body.tools or None,
-        tool_choice=_tool_choice(body.options) if body.tools else None,
-        chat_template_kwargs=_thinking(body.think),
-        reasoning_effort="none" if body.think is False else None,
-    )
-    return convert(
-        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    tools = chat_fields.chat_tools(body.tools)
+    choice = chat_fields.chat_tool_choice(_tool_choice(body.options)) if tools else None
+    effort = "none" if body.think is False else None
+    return _chat(
+        model,
+        fields,
+        messages,
+        effort,
+        _thinking(body.think),
+        tools=tools,
+        tool_choice=choice,
+        stream=body.stream,
     )
 
 
@@ -140,7 +178,7 @@ def _check_context(manager: TokenizerManager, body: GenerateBody) -> None:
 
 def generate_request(
     manager: TokenizerManager, body: GenerateBody
-) -> ChatCompletionRequest | CompletionRequest:
+) -> ChatRequest | CompletionRequest:
     """`raw` prompts and fill-in-the-middle (`suffix`) go to the completion core; others
     through the chat template (after `context`, which the route hands to chat_job)."""
     model = served(manager, body.model)
@@ -153,17 +191,15 @@ def generate_request(
         )
     _check_context(manager, body)
     fields = _sampling(body.options, body.format)
-    fields["model"] = model
     if body.suffix:
         require_fim(manager.tokenizer, "suffix")  # Ollama's words before the core's
         fields["suffix"] = body.suffix
     if body.raw or body.suffix:
-        fields["prompt"] = body.prompt
+        fields.update(model=model, prompt=body.prompt)
         cleaned = {k: v for k, v in fields.items() if v is not None or k == "max_tokens"}
         return convert(cleaned, CompletionRequest, RENAMES)
     messages = [{"role": "system", "content": body.system}] if body.system else []
-    fields["messages"] = [*messages, {"role": "user", "content": body.prompt}]
-    fields["chat_template_kwargs"] = _thinking(body.think)
-    return convert(
-        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
-    )
+    messages.append({"role": "user", "content": body.prompt})
+    # a generate's think is the template's switch alone (no reasoning effort)
+    thinking = _thinking(body.think)
+    return _chat(model, fields, messages, None, thinking, stream=body.stream)

@@ -6,16 +6,14 @@ the same finish reason (render.py); only their framing differs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
-from localradix.parsers.events import ContentDelta
 from localradix.parsers.events import ToolCall as ParsedCall
 from localradix.parsers.events import ToolCallDelta as ParsedCallDelta
-from localradix.parsers.output_parser import ChatDelta as ParserEvent
-from localradix.parsers.output_parser import ReasoningContentDelta
-from localradix.server.core.gather import Gathered, batches
+from localradix.server.core.gather import Gathered
 from localradix.server.core.http import sse
 from localradix.server.core.output import output_spec
+from localradix.server.core.parsed import ParsedDelta, ParsedStream, Split, split
 from localradix.server.errors import APIError
 from localradix.server.openai.render import (
     SSE_DONE,
@@ -37,7 +35,7 @@ from localradix.server.protocol import (
     ToolCallDelta,
     Usage,
 )
-from localradix.server.tokenizer_manager import Delta, Job
+from localradix.server.tokenizer_manager import Job
 
 
 def chat_response(g: Gathered, model: str, want_logprobs: bool) -> ChatCompletionResponse:
@@ -84,16 +82,11 @@ async def chat_stream(
             )
         )
 
-    spec = output_spec(job)
-    parsers = {c.index: spec.stream_parser() for c in job.choices}
+    stream = ParsedStream(job)
     called: set[int] = set()  # choices that emitted a tool call
 
-    def choice(d: Delta) -> ChatChunkChoice | None:
-        parser = parsers[d.index]
-        events = parser.feed(d.text) if d.text else []
-        if d.finish_reason:
-            events += parser.finish()
-        delta = chat_delta(events)
+    def choice(d: ParsedDelta) -> ChatChunkChoice | None:
+        delta = chat_delta(split(d.events))
         if delta.tool_calls:
             called.add(d.index)
         lp = chat_logprobs(job.manager, d.logprobs) if want_logprobs and d.logprobs else None
@@ -107,7 +100,7 @@ async def chat_stream(
     try:
         start = ChatDelta(role="assistant", content="")
         yield chunk([ChatChunkChoice(c.index, start, None, None) for c in job.choices])
-        async for part in batches(job):
+        async for part in stream.deltas():
             if isinstance(part, APIError):
                 yield sse_error(part)
                 return
@@ -122,17 +115,11 @@ async def chat_stream(
         job.close()  # a client that went away mid-stream aborts what is left
 
 
-def chat_delta(events: Sequence[ParserEvent]) -> ChatDelta:
-    """One `choices[].delta` from parser events: reasoning_content, content, tool_calls."""
-    delta = ChatDelta()
-    for event in events:
-        if isinstance(event, ContentDelta):
-            delta.content = (delta.content or "") + event.text
-        elif isinstance(event, ReasoningContentDelta):
-            delta.reasoning_content = (delta.reasoning_content or "") + event.text
-        elif isinstance(event, ParsedCallDelta):
-            delta.tool_calls = [*(delta.tool_calls or []), _call_delta(event)]
-    return delta
+def chat_delta(parsed: Split) -> ChatDelta:
+    """One `choices[].delta` from a choice's parsed delta: reasoning_content, content,
+    tool_calls."""
+    calls = [_call_delta(call) for call in parsed.calls] or None
+    return ChatDelta(content=parsed.content, reasoning_content=parsed.reasoning, tool_calls=calls)
 
 
 def _call_delta(event: ParsedCallDelta) -> ToolCallDelta:

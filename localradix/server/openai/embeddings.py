@@ -16,7 +16,7 @@ from localradix.server.core.body import decode
 from localradix.server.core.docs import ERRORS
 from localradix.server.core.embeddings import embed, input_ids, model_embed, shortened
 from localradix.server.core.http import client_gone_response, json_response, state
-from localradix.server.core.jobs import check_model, served_name
+from localradix.server.core.served import openai_not_found, served_model, served_name
 from localradix.server.errors import bad_request
 
 Count = Annotated[int, Meta(ge=0)]
@@ -61,7 +61,7 @@ class EmbeddingResponse(Struct):
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     req = decode(await request.body(), EmbeddingRequest)
     manager = await state(request).manager_for(request, req.model)
-    check_model(manager, req.model)
+    served_model(manager, req.model, openai_not_found)
     how = model_embed(manager)
     prompts = await input_ids(manager, _inputs(req.input), "input", truncate=False)
     done = await embed(request, manager, prompts, how)

@@ -11,23 +11,23 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.openapi import ResponseSpec
-from msgspec import Struct
 
 from localradix.server.anthropic.render import error_body as anthropic_error
 from localradix.server.anthropic.render import model_info
 from localradix.server.anthropic.routes import model_list as anthropic_model_list
 from localradix.server.anthropic.routes import speaks_anthropic
-from localradix.server.core.body import decode
 from localradix.server.core.docs import AUTH, ERRORS, UNAVAILABLE, UNKNOWN_MODEL
-from localradix.server.core.gather import answer
 from localradix.server.core.http import closed_on_error, error_handler, json_response, state
-from localradix.server.core.jobs import chat_job, completion_job, served_name
+from localradix.server.core.jobs import chat_job, completion_job
+from localradix.server.core.route import Rendered, run_route
+from localradix.server.core.served import served_name
 from localradix.server.errors import APIError
 from localradix.server.model_list import Listed, listed_models
 from localradix.server.openai.chat import chat_response, chat_stream
 from localradix.server.openai.completion import completion_response, completion_stream
 from localradix.server.openai.embeddings import REQUEST_BODIES as EMBEDDING_BODIES
 from localradix.server.openai.embeddings import embeddings
+from localradix.server.openai.request import chat_request
 from localradix.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -46,17 +46,6 @@ REQUEST_BODIES: dict[str, type] = {
 }
 
 
-class KeepAlive(Struct, kw_only=True):
-    """The extension field `keep_alive` (Ollama's: seconds or "5m"; 0 unloads the model after
-    this request, -1 keeps it loaded)."""
-
-    keep_alive: float | str | None = None
-
-
-def _keep_alive(body: bytes) -> float | str | None:
-    return decode(body, KeepAlive).keep_alive
-
-
 @post(
     "/chat/completions",
     summary="Create a chat completion",
@@ -67,15 +56,18 @@ def _keep_alive(body: bytes) -> float | str | None:
     status_code=200,
 )
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = await request.body()
-    req = decode(body, ChatCompletionRequest)
-    manager = await state(request).manager_for(request, req.model, _keep_alive(body))
-    job = await chat_job(manager, req)
+    return await run_route(request, ChatCompletionRequest, _chat)
+
+
+async def _chat(
+    request: Request[Any, Any, Any], manager: TokenizerManager, req: ChatCompletionRequest
+) -> Rendered:
+    chat = chat_request(manager, req)
+    job = await chat_job(manager, chat)
     model = served_name(manager)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    stream = partial(chat_stream, job, model, req.logprobs, include_usage) if req.stream else None
-    whole = partial(chat_response, model=model, want_logprobs=req.logprobs)
-    return await answer(request, job, stream, whole)
+    stream = partial(chat_stream, job, model, req.logprobs, include_usage) if chat.stream else None
+    return Rendered(job, stream, partial(chat_response, model=model, want_logprobs=req.logprobs))
 
 
 @post(
@@ -88,16 +80,20 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     status_code=200,
 )
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = await request.body()
-    req = decode(body, CompletionRequest)
-    manager = await state(request).manager_for(request, req.model, _keep_alive(body))
+    return await run_route(request, CompletionRequest, _completion)
+
+
+async def _completion(
+    request: Request[Any, Any, Any], manager: TokenizerManager, req: CompletionRequest
+) -> Rendered:
     job = await completion_job(manager, req)
     model = served_name(manager)
     with closed_on_error(job):
         echoed = _echoed(manager, req, job.prompts) if req.echo else []
     stream = partial(completion_stream, job, model, req, echoed) if req.stream else None
-    whole = partial(completion_response, model=model, req=req, prompt_texts=echoed)
-    return await answer(request, job, stream, whole)
+    return Rendered(
+        job, stream, partial(completion_response, model=model, req=req, prompt_texts=echoed)
+    )
 
 
 def _echoed(

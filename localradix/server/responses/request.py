@@ -1,15 +1,16 @@
-"""Responses requests as OpenAI chat requests for the core: `instructions` -> the system
+"""Responses requests as the neutral chat request (errors name Responses' fields): `instructions` -> the system
 message, input items -> messages (function_call -> an assistant's tool_calls,
 function_call_output -> tool messages, reasoning -> reasoning_content), flat function tools and
-tool_choice -> OpenAI's, text.format -> response_format, max_output_tokens -> max_tokens."""
+tool_choice -> OpenAI's shape, text.format -> the constraint, max_output_tokens -> max_tokens."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from localradix.server.core.body import convert
+from localradix.server.core import chat_fields
+from localradix.server.core.chat_request import ChatRequest, ParamNames
+from localradix.server.core.chat_template import template_vars
 from localradix.server.errors import bad_request
-from localradix.server.protocol import ChatCompletionRequest
 from localradix.server.responses.protocol import (
     FunctionChoice,
     FunctionTool,
@@ -19,12 +20,10 @@ from localradix.server.responses.protocol import (
     TextConfig,
 )
 
-# OpenAI chat field -> the Responses field it came from (for error messages).
-RENAMES = {
-    "max_tokens": "max_output_tokens",
-    "response_format": "text.format",
-    "messages": "input",
-}
+# Neutral field -> the Responses field it came from (for error messages).
+NAMES = ParamNames(
+    {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+)
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -163,23 +162,28 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
 
 def chat_request(
     req: ResponsesRequest, model: str, conversation: list[dict[str, Any]]
-) -> ChatCompletionRequest:
+) -> ChatRequest:
     """The chat request for `conversation` (the earlier turns and this input, as messages)
     under this request's instructions, tools and sampling fields."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    tools = _tools(req.tools)
-    fields: dict[str, Any] = {
-        "model": model,
-        "messages": system + conversation,
-        "tools": tools,
-        "tool_choice": _tool_choice(req.tool_choice) if tools else None,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "max_tokens": req.max_output_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "response_format": _response_format(req.text),
-        "reasoning_effort": req.reasoning.effort if req.reasoning else None,
-    }
-    return convert(
-        {k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, RENAMES
+    tools = chat_fields.chat_tools(_tools(req.tools))
+    choice = chat_fields.chat_tool_choice(_tool_choice(req.tool_choice)) if tools else None
+    effort = req.reasoning.effort if req.reasoning else None
+    constraint, param = chat_fields.output_constraint(
+        _response_format(req.text), NAMES("response_format")
+    )
+    return ChatRequest(
+        model=model,
+        messages=chat_fields.chat_messages(system + conversation, NAMES("messages")),
+        sampling=chat_fields.sampling({"temperature": req.temperature, "top_p": req.top_p}, NAMES),
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        template_kwargs=template_vars(None, effort),
+        reasoning_effort=effort,
+        max_tokens=chat_fields.max_tokens(req.max_output_tokens, NAMES),
+        constraint=constraint,
+        constraint_param=param,
+        stream=req.stream,
+        names=NAMES,
     )

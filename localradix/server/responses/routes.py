@@ -19,21 +19,22 @@ from litestar.openapi import ResponseSpec
 from litestar.types import ControllerRouterHandler
 
 from localradix.messages import ErrorCode
-from localradix.server.core.body import decode, renamed
 from localradix.server.core.docs import AUTH, ERRORS
-from localradix.server.core.gather import Gathered, answer
-from localradix.server.core.http import closed_on_error, json_response, state
-from localradix.server.core.jobs import chat_job, served_name
+from localradix.server.core.gather import Gathered
+from localradix.server.core.http import closed_on_error, json_response
+from localradix.server.core.jobs import chat_job
 from localradix.server.core.output import output_spec
+from localradix.server.core.route import Rendered, run_route
+from localradix.server.core.served import openai_not_found, served_model, served_name
 from localradix.server.errors import APIError
 from localradix.server.protocol import ErrorResponse
 from localradix.server.responses import render
 from localradix.server.responses.protocol import ResponsesRequest
-from localradix.server.responses.request import RENAMES, chat_request, input_messages
+from localradix.server.responses.request import chat_request, input_messages
 from localradix.server.responses.store import ResponseStore, StoredResponse
 from localradix.server.responses.stream import response_events
 from localradix.server.security import caller_of
-from localradix.server.tokenizer_manager import Job
+from localradix.server.tokenizer_manager import Job, TokenizerManager
 
 NOT_KEPT = {404: ResponseSpec(ErrorResponse, description="No such response is kept"), **AUTH}
 RESEND = "send the whole conversation as input instead of previous_response_id"
@@ -73,36 +74,34 @@ def _earlier(
     status_code=200,
 )
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = decode(await request.body() or b"{}", ResponsesRequest, RENAMES)
-    try:
-        return await _respond(request, body)
-    except APIError as exc:
-        raise _in_responses_terms(exc, body) from None
+    return await run_route(request, ResponsesRequest, _respond, b"{}", _in_responses_terms)
 
 
-async def _respond(request: Request[Any, Any, Any], body: ResponsesRequest) -> Response[Any]:
-    manager = await state(request).manager_for(request, body.model)
+async def _respond(
+    request: Request[Any, Any, Any], manager: TokenizerManager, body: ResponsesRequest
+) -> Rendered:
     store, owner = _store(request), caller_of(request.scope)
     earlier = _earlier(store, body.previous_response_id, owner, manager.args.disable_radix_cache)
     conversation = [*(earlier.conversation if earlier else ()), *input_messages(body.input)]
     model = body.model or served_name(manager)
-    req = chat_request(body, model, conversation)
-    job = await chat_job(manager, req, continues=earlier.token_ids if earlier else ())
+    chat = chat_request(body, model, conversation)
+    served_model(manager, body.model, openai_not_found)
+    job = await chat_job(manager, chat, continues=earlier.token_ids if earlier else ())
     fields = render.echo(body, model)
     keep = partial(_keep, store, owner, job, conversation) if body.store else _forget
-    if earlier is not None and body.stream:  # an evicted prefix: a 400, not a failed stream
+    if earlier is not None and chat.stream:  # an evicted prefix: a 400, not a failed stream
         with closed_on_error(job):
             await job.first_output()
-    events = partial(response_events, job, fields, keep) if body.stream else None
-    return await answer(request, job, events, partial(_whole, fields=fields, keep=keep))
+    events = partial(response_events, job, fields, keep) if chat.stream else None
+    return Rendered(job, events, partial(_whole, fields=fields, keep=keep))
 
 
 def _in_responses_terms(exc: APIError, body: ResponsesRequest) -> APIError:
-    """An error the chat core raised, naming the Responses field it is about (`messages`:
-    `input`, `max_tokens`: `max_output_tokens`, `response_format`: `text.format`)."""
+    """An evicted prefix of previous_response_id (the engine's PREFIX_EVICTED) in Responses'
+    terms; any other error already names Responses' field."""
     if exc.code == ErrorCode.PREFIX_EVICTED.value and body.previous_response_id:
         return _not_found(body.previous_response_id, "is no longer in the radix cache")
-    return renamed(exc, RENAMES)
+    return exc
 
 
 def _whole(gathered: Gathered, fields: dict[str, Any], keep: Any) -> dict[str, Any]:

@@ -9,14 +9,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from localradix.parsers.events import ContentDelta, ToolCallDelta
-from localradix.parsers.output_parser import ReasoningContentDelta
-from localradix.server.core.body import renamed
-from localradix.server.core.gather import ParsedStream
 from localradix.server.core.http import encode_json
+from localradix.server.core.parsed import ParsedStream, Split, runs
 from localradix.server.errors import APIError
 from localradix.server.responses import render
-from localradix.server.responses.request import RENAMES
 from localradix.server.tokenizer_manager import Job
 
 # The text part of each item kind: (its part, its delta event, its done event); calls have none.
@@ -111,23 +107,26 @@ class _Items:
         out.append(self._part("response.content_part.done", part))
         return done, out
 
-    def feed(self, event: Any) -> list[bytes]:
+    def feed(self, parsed: Split) -> list[bytes]:
+        """Reasoning, content, then tool calls (`runs` keeps the output's order)."""
         out: list[bytes] = []
-        kind = self.item["type"] if self.item is not None else None
-        if isinstance(event, ContentDelta) and event.text:
-            if kind != "message":
-                out += self.open(render.message_item(self.job, None, "in_progress"))
-            out.append(self.add(event.text))
-        elif isinstance(event, ReasoningContentDelta) and event.text:
-            if kind != "reasoning":
+        if parsed.reasoning:
+            if self._kind() != "reasoning":
                 out += self.open(render.reasoning_item(self.job, "", "in_progress"))
-            out.append(self.add(event.text))
-        elif isinstance(event, ToolCallDelta):
-            if event.id is not None:
-                out += self.open(render.call_item(event.id, event.name or "", "", "in_progress"))
-            if event.arguments:
-                out.append(self.add(event.arguments))
+            out.append(self.add(parsed.reasoning))
+        if parsed.content:
+            if self._kind() != "message":
+                out += self.open(render.message_item(self.job, None, "in_progress"))
+            out.append(self.add(parsed.content))
+        for call in parsed.calls:
+            if call.id is not None:
+                out += self.open(render.call_item(call.id, call.name or "", "", "in_progress"))
+            if call.arguments:
+                out.append(self.add(call.arguments))
         return out
+
+    def _kind(self) -> str | None:
+        return self.item["type"] if self.item is not None else None
 
 
 def _failed(event: _Events, start: dict[str, Any], err: APIError) -> list[bytes]:
@@ -154,12 +153,12 @@ async def response_events(
     try:
         yield event("response.created", {"response": start})
         yield event("response.in_progress", {"response": start})
-        async for events in stream.events():
-            if isinstance(events, APIError):
-                for chunk in _failed(event, start, renamed(events, RENAMES)):
+        async for part in stream.deltas():
+            if isinstance(part, APIError):
+                for chunk in _failed(event, start, part):
                     yield chunk
                 return
-            for parsed in events:
+            for parsed in (run for d in part for run in runs(d.events)):
                 for chunk in items.feed(parsed):
                     yield chunk
         if not items.done and items.item is None:  # an empty answer is still one message
