@@ -5,7 +5,7 @@ The pools only account; the runner owns the KV tensors, indexed by slot. Invaria
   positions can point at it; usable slots are `page_size .. num_slots - 1`, and every slot id
   is `<= size`, so KV buffers of `size + 1` slots always suffice;
 - every usable page is, at every moment, in exactly one place: the free list, the radix tree, or
-  one request (DESIGN §5). Freeing a page twice, or one this pool never handed out, raises
+  one request (docs/architecture.md, "Slot ownership"). Freeing a page twice, or one this pool never handed out, raises
   `SlotError`: that is a bug, never a runtime condition. Lack of space is a `None` result.
 """
 

@@ -36,7 +36,7 @@ __all__ = ["Divergence", "MatchResult", "RadixCache", "TreeNode", "check_invaria
 
 
 class RadixCache:
-    """Prefix cache: `match_prefix` / `insert` / `lock` / `unlock` / `evict` (DESIGN §3)."""
+    """Prefix cache: `match_prefix` / `insert` / `lock` / `unlock` / `evict` (docs/architecture.md, "Radix tree")."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@
 checks that rule over `localradix/`. Other modules read the parts and ask the writer to change
 them.
 
-Slot ownership (DESIGN §5): slots `table[row, :cached_len]` belong to the radix tree (kept alive
+Slot ownership (docs/architecture.md): slots `table[row, :cached_len]` belong to the radix tree (kept alive
 by the lock on `last_node`); slots `table[row, cached_len:kv_len + spec_len]` belong to the
 request.
 """
@@ -66,7 +66,7 @@ class PinsDue:
 @dataclass(eq=False)
 class CacheHold:
     """What the cache holds for the request, and where it stands in scheduling: its row, the
-    lock on its tree path, its computed and scheduled KV (DESIGN §5)."""
+    lock on its tree path, its computed and scheduled KV (docs/architecture.md, "Slot ownership")."""
 
     WRITERS: ClassVar[tuple[str, ...]] = ("localradix.sched.slot_handoff",)
 

@@ -246,7 +246,7 @@ class Scheduler:
     # ---- checks and stats ----------------------------------------------------------------
 
     def check_invariants(self, idle: bool = False) -> None:
-        """Pool, tree and requests agree on every slot (DESIGN §3); when idle, nothing is
+        """Pool, tree and requests agree on every slot (docs/architecture.md, "Invariants"); when idle, nothing is
         locked by requests (pins hold their prefixes until their deadline)."""
         owned = [self.slots.owned(r) for r in self.queues.holders()]
         check_invariants(self.pool, self.cache, idle=idle, owned=owned)

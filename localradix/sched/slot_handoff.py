@@ -1,4 +1,4 @@
-"""The KV slot handoff between a request and the radix tree (DESIGN §5: one owner per slot).
+"""The KV slot handoff between a request and the radix tree (docs/architecture.md, "Slot ownership").
 
 A request's row in the `ReqToTokenPool` maps its positions to slots: `[:cached_len]` belong
 to the tree (kept alive by the lock on `last_node`), `[cached_len:kv_len]` and the reserved
