@@ -58,6 +58,7 @@ def serve(model: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_an_unsupported_architecture_is_one_line_and_exit_1(tmp_path):
     model = unsupported_hf_folder(tmp_path / "gemma2", "Gemma2ForCausalLM")
     r = serve(model)

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 pytest.importorskip("transformers")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"

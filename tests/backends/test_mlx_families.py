@@ -12,7 +12,7 @@ from localradix import Engine, SamplingParams
 
 from .conftest import hf_greedy, load_test_module, random_prompts, requires_mlx
 
-pytestmark = requires_mlx
+pytestmark = [requires_mlx, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 _engine_helpers = load_test_module("engine/conftest.py")

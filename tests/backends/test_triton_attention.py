@@ -27,7 +27,10 @@ if not triton_attention.interpreter_active():  # tests/conftest.py turns it on w
     )
 
 # Triton 3.6's interpreter turns 1-element arrays into scalars, which numpy deprecates.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
+    pytest.mark.slow,
+]
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
 
 

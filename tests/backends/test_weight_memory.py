@@ -11,6 +11,8 @@ from localradix.platform import Target, backend_specs
 
 from .conftest import HAS_LLAMA_CPP, bundled_gguf, requires_mlx
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 MiB = 2**20
 
 

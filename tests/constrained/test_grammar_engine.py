@@ -64,6 +64,7 @@ def test_json_object_and_regex_and_ebnf(engine):
         assert result.text in ("yes", "no", "maybe")
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_invalid_schema_is_a_clear_error_and_cached(engine):
     bad = Constraint("json_schema", "{not json")
     first = _ask(engine, "x", bad)

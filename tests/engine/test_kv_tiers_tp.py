@@ -19,6 +19,8 @@ from localradix.runner.tp.kv_transfer import HeadMap, rank_part, to_canonical
 from .conftest import hf_greedy, random_prompts
 from .test_kv_tiers_real import shared
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 NEW = 8
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
 

@@ -10,6 +10,8 @@ from localradix import Engine, SamplingParams
 
 from .conftest import bundled_gguf, token_lists
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 NEW = 32
 TEXTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"

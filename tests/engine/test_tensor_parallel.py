@@ -16,6 +16,8 @@ from localradix.runner.torch_runner import resident_bytes
 
 from .conftest import _word_level_tokenizer, hf_greedy, random_prompts, token_lists
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 NEW = 10
 GREEDY = SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True)
 # Parameters split across the ranks; the rest (norms, the RoPE table) is replicated.

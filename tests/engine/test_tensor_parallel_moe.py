@@ -20,6 +20,8 @@ from localradix.runner.torch_runner import resident_bytes
 
 from .conftest import VOCAB, _word_level_tokenizer, hf_greedy, random_prompts, token_lists
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 transformers = pytest.importorskip("transformers")
 
 NEW = 12

@@ -13,6 +13,8 @@ from localradix import Engine, SamplingParams
 from localradix.gguf_file import read_gguf
 from localradix.store.bundled import ensure_bundled
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 gguf = pytest.importorskip("gguf")
 
 

@@ -12,6 +12,8 @@ from llama_sdist import llama_cpp_tree, llama_version
 
 from localradix.gguf_file import read_gguf
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 if llama_version() is None:
     pytest.skip("llama-cpp-python is not installed", allow_module_level=True)
 

@@ -13,6 +13,8 @@ import httpx
 import pytest
 from server_harness import start_server, wait_until
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 TIMEOUTS = ["--http-header-timeout", "1", "--http-body-timeout", "1"]
 
 

@@ -458,6 +458,7 @@ def _served(server) -> bool:
     return httpx.post(server.base + "/completions", json=body, timeout=10).status_code == 200
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_fake_engine_crash_gives_503_then_a_restarted_engine_serves():
     server = start_server([], fake=True)
     try:
@@ -475,6 +476,7 @@ def test_fake_engine_crash_gives_503_then_a_restarted_engine_serves():
         assert server.stop() == 0, server.log()[-2000:]
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_fake_engine_crash_with_no_restarts_left_exits_nonzero():
     server = start_server(["--engine-restarts", "0"], fake=True)
     try:
@@ -486,6 +488,7 @@ def test_fake_engine_crash_with_no_restarts_left_exits_nonzero():
         server.stop(signal.SIGKILL)
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_fake_sigterm_drains_in_flight_and_exits_zero():
     server = start_server([], fake=True, env={"FAKE_STEP_DELAY_S": "0.01"})
     result = {}
@@ -507,6 +510,7 @@ def test_fake_sigterm_drains_in_flight_and_exits_zero():
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow  # seconds of e2e work
 def test_fake_sigint_aborts_long_streams_after_the_drain_timeout():
     server = start_server(["--drain-timeout", "3"], fake=True)
     with httpx.stream(
@@ -623,6 +627,7 @@ def test_fake_schemathesis_cli_all_checks_pass(fake_server):
     assert wait_until(lambda: idle(fake_server), timeout=30)
 
 
+@pytest.mark.slow  # seconds of e2e work
 @pytest.mark.parametrize("impl", ["h11", "httptools"])
 def test_fake_disconnects_abort_with_either_http_implementation(impl):
     pytest.importorskip(impl)

@@ -14,6 +14,8 @@ from server_harness import start_server
 from localradix.loader.tokenizer import Tokenizer
 from localradix.server.core.fim import FimTokens, fim_prompt, fim_tokens, repo_context
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 VOCAB = 512
 SPECIALS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 PRE, SUF, MID, REP, SEP = range(VOCAB - len(SPECIALS), VOCAB)

@@ -4,7 +4,10 @@ shard, lists nothing, and the next pull fetches only what is missing."""
 
 from __future__ import annotations
 
+import pytest
 from store_support import SHARDS, SPLIT_REPO, cli, files_under, store_env
+
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
 
 CHUNK = 10 << 20  # huggingface-hub writes what it receives in chunks of 10 MiB
 CUT_AT = CHUNK + 1000

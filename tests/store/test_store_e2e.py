@@ -21,6 +21,8 @@ from store_support import (
     store_env,
 )
 
+pytestmark = pytest.mark.slow  # seconds of e2e work: the full suite runs it, the fast tier does not
+
 QUANT_FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
 
 

@@ -161,6 +161,7 @@ async def test_help_opens_and_closes():
         assert not isinstance(app.screen, HelpScreen)
 
 
+@pytest.mark.slow  # seconds of e2e work
 async def test_chat_streams_a_reply_and_shows_its_cached_tokens():
     api = RecordingApi()
     app, _ = make_app(api)
@@ -256,6 +257,7 @@ class BrokenFeed:
         raise RuntimeError("decoder exploded")
 
 
+@pytest.mark.slow  # seconds of e2e work
 async def test_a_failing_feed_shows_a_banner_not_a_traceback():
     feed = BrokenFeed()
     app = LocalRadixApp(feed, RecordingApi(), probe=FixedProbe())
@@ -283,6 +285,7 @@ async def test_hit_rate_keeps_the_last_burst_readable_when_idle():
         assert "last 80%" in text and "now" not in text.split("Cache hit rate")[1][:60]
 
 
+@pytest.mark.slow  # seconds of e2e work
 async def test_the_dashboard_keeps_updating_behind_the_chat_and_help_screens():
     app, feed = make_app()
     async with app.run_test() as pilot:
