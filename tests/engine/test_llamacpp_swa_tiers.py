@@ -6,12 +6,14 @@ in-memory hit. One thread: llama.cpp's sums are then bit-identical whatever the 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from localradix import Engine, SamplingParams
+from localradix.backends.llamacpp.cell_blob import BlobError, CellLayout
 
 pytest.importorskip("llama_cpp")
 from families.gguf_families import family_gguf  # noqa: E402
@@ -81,3 +83,22 @@ def test_an_evicted_prefix_comes_back_from_disk(tmp_path):
     assert stats["disk_hit_tokens"] + stats.get("host_hit_tokens", 0) >= len(pairs[0][0]) // 2
     assert hit.cached_tokens >= len(pairs[0][0]) // 2
     assert hit.token_ids == cold(model, pairs[0][1])
+
+
+def test_a_blob_that_does_not_parse_loses_its_tiers_not_the_engine(tmp_path, monkeypatch, caplog):
+    """Demoting KV whose blob does not read is one warning; the engine serves on, exactly."""
+    model = family_gguf("gemma3_text")
+    with engine(model, tmp_path, max_total_tokens=700, max_cached_tokens=10_000) as e:
+        pairs = [prompts(seed, e.core.info.vocab_size) for seed in (1, 2, 3)]
+
+        def garbled(cls, blob, ext=0):
+            raise BlobError("garbled")
+
+        monkeypatch.setattr(CellLayout, "parse", classmethod(garbled))
+        with caplog.at_level(logging.WARNING):
+            for prompt, _ in pairs:  # the pool holds about two: evictions try to demote
+                e.generate([prompt], GREEDY)
+            again = e.generate([pairs[0][1]], GREEDY)[0]
+        e.check_invariants(idle=True)
+    assert "not keeping" in caplog.text and "does not parse: garbled" in caplog.text
+    assert again.token_ids == cold(model, pairs[0][1])

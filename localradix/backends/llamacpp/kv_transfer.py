@@ -65,14 +65,17 @@ class LlamaKVTransfer:
         if len(self.tail) and bytes(blob[len(blob) - len(self.tail) :]) != self.tail.tobytes():
             raise KVUnavailable("the spare sequence kept a recurrent state")
         blob = blob[: len(blob) - len(self.tail)]
-        layout, positions, rows = CellLayout.parse(blob, self.layout.ext)
+        try:  # a blob we cannot read loses those tokens' tiers, never the engine
+            layout, positions, rows = CellLayout.parse(blob, self.layout.ext)
+        except BlobError as exc:
+            raise KVUnavailable(f"llama.cpp's KV state does not parse: {exc}") from exc
         if layout != self.layout:
-            raise BlobError("llama.cpp's KV layout changed since the probe")
+            raise KVUnavailable("llama.cpp's KV layout changed since the probe")
         wanted = self.seqs.slot_pos[slots]
         order = np.argsort(positions)
         at = order[np.searchsorted(positions, wanted, sorter=order)]
         if not np.array_equal(positions[at], wanted):
-            raise BlobError("llama.cpp's blob lacks some of the cells asked for")
+            raise KVUnavailable("llama.cpp's blob lacks some of the cells asked for")
         return rows[at]
 
     def write(self, prefix: np.ndarray, slots: np.ndarray, parts: Sequence[np.ndarray]) -> None:
