@@ -88,10 +88,10 @@ class GptOssLayer(DecoderLayer):
         tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(tokens, self.num_qk_heads, self.head_dim)
         assert self.rotate is not None and self.moe is not None
-        qk = self.rotate(qk, cos, sin)
         v = qkv[:, self.qk_size :].view(tokens, -1, self.head_dim)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, self.layer_id, self.scale, self.sinks)
+        # RoPE and the K/V store: one call (one kernel with the Triton backend)
+        q, k = attn.rope_store(qk, v, self.layer_id, cos, sin, None, self.eps)
+        o = attn.forward(q, k, v, self.layer_id, self.scale, self.sinks, stored=True)
         residual = F.linear(o, self.o_weight, self.o_bias) + residual
         return self.moe.forward(_norm(residual, post_norm, self.eps)), residual
 
