@@ -264,14 +264,6 @@ def check_graph_sampling(runner: Any, vocab: int, report: Report, steps: int = 8
     )
 
 
-def report_device_table(runner: Any, report: Report) -> None:
-    """Whether the runner built kv_indices from a device copy of the request table."""
-    used = getattr(runner, "device_table", None) is not None
-    report.numbers["device_table"] = used
-    where = "on the device" if used else "on the host (no device request table)"
-    print(f"kv_indices: built {where}", flush=True)
-
-
 def check_greedy(hf: Any, prompts: dict, ours: dict, tol: float, report: Report, name: str):
     """Teacher-forced: transformers on prompt + our tokens; ours must be its argmax or a tie."""
     worst, exact, total = 0.0, 0, 0
@@ -707,7 +699,6 @@ def run_checks(hf: Any, folder: Path, opts: argparse.Namespace, clock: Clock, re
         report.skipped.append("bf16 FlashInfer parity (needs CUDA)")
         bench = build_runner(folder, opts.device, "float32", args)
         check_graph_sampling(bench, vocab, report)
-        report_device_table(bench, report)
         run_speed(bench, opts, clock, report)
         return
     if clock.allows("bf16 parity and speed", 60, report):
@@ -737,7 +728,6 @@ def run_bf16(hf: Any, folder: Path, prompts: dict, opts: argparse.Namespace, clo
     ours, logs = generate(runner, prompts, opts.parity_new)
     check_greedy(hf, prompts, ours, BF16_TOL, report, f"bf16 {kind} greedy vs transformers fp32")
     check_graph_sampling(runner, hf.config.vocab_size, report)
-    report_device_table(runner, report)
     if kind != "TorchNativeAttention":
         from localradix.runner.runner_config import RunnerConfig
 
